@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+RUN    ?= runs/demo
+
+.PHONY: install demo test bench lint clean
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -c constraints-cpu.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/minitransformer train --data shakespeare --preset cpu-small --out $(RUN) --force
+	$(VENV)/bin/minitransformer sample $(RUN) --prompt "ROMEO:" --max-new-tokens 400 --seed 1
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/train_throughput.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check minitransformer tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,17 @@
+"""minitransformer: the Transformer of "Attention Is All You Need", written from scratch.
+
+    from minitransformer import GPT, GPTConfig, load_checkpoint
+    model, tokenizer = load_checkpoint("runs/shakespeare")
+"""
+
+from .config import PRESETS, GPTConfig, TrainConfig
+from .errors import UserError
+from .models import GPT
+from .nn import MultiHeadAttention, scaled_dot_product_attention
+from .tokenizers import CharTokenizer
+from .training.checkpoint import load_checkpoint
+
+__version__ = "0.1.0"
+
+__all__ = ["GPT", "PRESETS", "CharTokenizer", "GPTConfig", "MultiHeadAttention", "TrainConfig",
+           "UserError", "load_checkpoint", "scaled_dot_product_attention"]

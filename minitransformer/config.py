@@ -1,0 +1,193 @@
+"""Typed configs and the named presets.
+
+One dataclass per model family (``GPTConfig`` here; the encoder-decoder adds its own) and one
+``TrainConfig`` for the training loop, whose field names follow nanoGPT's. Presets live in one
+dict, ``PRESETS[family][name]``, each a flat mapping of field -> value over both configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
+
+from .errors import ConfigError
+
+
+def _check_literals(cfg) -> None:
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        allowed = get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is Literal else ()
+        if allowed and getattr(cfg, f.name) not in allowed:
+            raise ConfigError(f"{f.name} must be one of {', '.join(map(str, allowed))}; "
+                              f"got {getattr(cfg, f.name)!r}")
+
+
+def _check_positive(cfg, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+
+
+@dataclass
+class GPTConfig:
+    """A decoder-only language model (GPT-2 when the defaults are kept)."""
+
+    vocab_size: int = 65
+    block_size: int = 256  # context length T
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384  # d_model
+    d_ff: int | None = None  # feed-forward width; None = 4 * n_embd
+    dropout: float = 0.0
+    bias: bool = True
+    pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "learned"
+    norm_position: Literal["pre", "post"] = "pre"
+    activation: Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    init: Literal["gpt2", "xavier"] = "gpt2"
+    tie_weights: bool = True
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",
+                        "layer_norm_eps")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
+                              f"({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_literals(self)
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError("rope needs an even head size (n_embd / n_head)")
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff or 4 * self.n_embd
+
+
+@dataclass
+class TrainConfig:
+    """The training loop's settings; names as in nanoGPT's train.py."""
+
+    batch_size: int = 12
+    max_iters: int = 2000
+    eval_interval: int = 250
+    eval_iters: int = 200
+    log_interval: int = 10
+    learning_rate: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping
+    grad_accum: int = 1
+    seed: int = 1337
+    time_budget: float | None = None  # seconds of training (evaluation excluded)
+    keep_last: int = 3  # how many recent checkpoints stay in checkpoints/
+    sample_tokens: int = 200  # length of the sample printed at each evaluation
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    compile: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self):
+        _check_positive(self, "batch_size", "max_iters", "eval_interval", "eval_iters",
+                        "log_interval", "learning_rate", "grad_accum", "time_budget",
+                        "keep_last")
+        for name in ("min_lr", "warmup_iters", "weight_decay", "grad_clip", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        _check_literals(self)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'120s', '5m', '1h', '90' -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise ConfigError(f"cannot read the duration {text!r}: write e.g. 120s, 5m or 1h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+PRESETS: dict[str, dict[str, dict]] = {
+    "gpt": {
+        # Seconds on a laptop: for tests and a first look.
+        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=16,
+                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=3e-3,
+                      min_lr=3e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=80),
+        # About two minutes of training on 2 CPU cores (the `make demo` model).
+        "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
+                          max_iters=100_000, time_budget=120.0, eval_interval=500,
+                          eval_iters=200, learning_rate=2e-3, min_lr=2e-4, warmup_iters=100,
+                          beta2=0.99, weight_decay=0.1, dropout=0.0),
+        # nanoGPT's shakespeare-char GPU config.
+        "shakespeare-char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256,
+                                 batch_size=64, dropout=0.2, max_iters=5000,
+                                 eval_interval=250, learning_rate=1e-3, min_lr=1e-4,
+                                 warmup_iters=100, beta2=0.99),
+        # GPT-2 small: 124,439,808 parameters with vocab_size 50257 and tied weights.
+        "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024,
+                          vocab_size=50257, bias=True, tie_weights=True, dropout=0.0,
+                          activation="gelu_tanh", pos_encoding="learned",
+                          norm_position="pre", batch_size=8, learning_rate=6e-4,
+                          min_lr=6e-5, warmup_iters=2000, max_iters=600_000,
+                          weight_decay=0.1, beta2=0.95),
+    },
+}
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def closest(name: str, choices) -> str:
+    """' (did you mean X?)' or ''."""
+    match = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+def split_fields(values: dict, *classes) -> list[dict]:
+    """Split a flat {field: value} mapping between config classes; unknown keys are errors."""
+    parts = [{} for _ in classes]
+    known = {}
+    for i, cls in enumerate(classes):
+        for name in field_names(cls):
+            known.setdefault(name, i)
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown config field {key!r}{closest(key, known)}")
+        parts[known[key]][key] = value
+    return parts
+
+
+def get_preset(family: str, name: str) -> dict:
+    presets = PRESETS.get(family, {})
+    if name not in presets:
+        raise ConfigError(f"unknown preset {name!r} for {family}{closest(name, presets)}; "
+                          f"choose from {', '.join(presets)}")
+    return dict(presets[name])
+
+
+def config_from_dict(cls, values: dict):
+    """Build a config from a dict (e.g. config.json), rejecting unknown keys."""
+    names = field_names(cls)
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"unknown {cls.__name__} field {key!r}{closest(key, names)}")
+    try:
+        return cls(**values)
+    except TypeError as e:  # wrong value types from a hand-edited file
+        raise ConfigError(f"bad {cls.__name__}: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,78 @@
+"""Corpora, the train/val split and batches of random windows (as nanoGPT samples them)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+BUNDLED = {
+    "shakespeare": "shakespeare.txt",  # Tiny Shakespeare (public domain)
+    "tang": "tang.txt",  # Tang and Song poems (public domain)
+    "sayings": "sayings.txt",  # Chinese sayings and classics (public domain)
+    "bible_en_es": "bible_en_es.tsv",  # English-Spanish parallel Bible (public domain)
+}
+
+
+def corpus_path(source: str) -> Path:
+    """A bundled corpus name (shakespeare, tang, sayings, ...) or a file path."""
+    if source in BUNDLED:
+        return Path(str(resources.files("minitransformer.corpora").joinpath(BUNDLED[source])))
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"no such file: {source} (bundled corpora: {', '.join(BUNDLED)})")
+    if path.is_dir():
+        raise UserError(f"{source} is a folder; pass a text file")
+    return path
+
+
+def load_text(source: str, encoding: str = "utf-8") -> str:
+    """Read a corpus as text, refusing empty, binary and wrongly decoded files with a message."""
+    path = corpus_path(source)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read {source}: {e.strerror}") from None
+    if not raw.strip():
+        raise UserError(f"{source} is empty (or only whitespace): nothing to train on")
+    if b"\x00" in raw[:65536] and not encoding.lower().startswith("utf-16"):
+        raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text")
+    try:
+        text = raw.decode(encoding)
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{source} is not valid {encoding} (byte {e.start}); if it is GBK, Latin-1 or "
+            f"another encoding, pass --encoding, e.g. --encoding gbk") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return text
+
+
+def split_ids(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """First 90% for training, the last 10% for validation (nanoGPT's split)."""
+    n = int(len(ids) * (1 - val_fraction))
+    return ids[:n], ids[n:]
+
+
+def check_length(train: torch.Tensor, val: torch.Tensor, block_size: int, source: str) -> None:
+    need = block_size + 1
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < need:
+            raise UserError(
+                f"{source} is too short: its {name} part has {len(part)} tokens but a window "
+                f"of block_size + 1 = {need} is needed; use a longer text or a smaller "
+                f"--block_size")
+
+
+def get_batch(data: torch.Tensor, batch_size: int, block_size: int,
+              generator: torch.Generator | None = None):
+    """batch_size random windows: x (B, T) and targets y (B, T) shifted by one token."""
+    starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
+    offsets = torch.arange(block_size + 1)  # (T+1,)
+    windows = data[starts[:, None] + offsets]  # (B, T+1)
+    return windows[:, :-1], windows[:, 1:]  # (B, T), (B, T)

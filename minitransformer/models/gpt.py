@@ -1,0 +1,109 @@
+"""GPT: a decoder-only Transformer language model (Radford et al. 2018/2019).
+
+    h0 = TokenEmbedding(idx) [+ PositionalEncoding]      (rope / alibi act inside attention)
+    h  = Decoder(h0)   N blocks of masked self-attention + FFN, no cross-attention
+    logits = h W_vocab^T                                  (W_vocab tied to the embedding)
+
+Shapes: B batch, T time, C channels (n_embd), V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import GPTConfig
+from ..nn.attention import KVCache
+from ..nn.block import Decoder, Internals
+from ..nn.init import init_weights
+from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from . import generation
+
+
+def absolute_positions(pos_encoding: str, max_len: int, d_model: int) -> nn.Module | None:
+    """The position module added to the embeddings, or None for rope / alibi / none."""
+    if pos_encoding == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len)
+    if pos_encoding == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model)
+    return None
+
+
+class GPT(nn.Module):
+    """Decoder-only language model built from the shared ``Decoder`` stack."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
+        self.pos_emb = absolute_positions(c.pos_encoding, c.block_size, c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        self.decoder = Decoder(c.n_layer, c.n_embd, c.n_head, c.ffn_width, c.dropout, c.bias,
+                               c.activation, c.norm_position, c.attn_impl, c.layer_norm_eps,
+                               cross_attention=False, pos_encoding=c.pos_encoding,
+                               max_len=c.block_size)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        init_weights(self, c.init, c.n_layer)
+        if c.tie_weights:  # share the token embedding with the output head (Press & Wolf 2017)
+            self.lm_head.weight = self.tok_emb.weight
+
+    def num_params(self) -> int:
+        """Number of parameters, shared (tied) ones counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                return_internals: bool = False, cache: list | None = None):
+        """idx: (B, T) token ids; targets: (B, T) next-token ids (-1 = ignore).
+
+        Returns (logits (B, T, V), loss or None), plus an ``Internals`` with every layer's
+        attention weights and hidden states when ``return_internals`` is set.
+        ``cache`` (from ``new_cache``) makes this an incremental decoding step.
+        """
+        b, t = idx.shape
+        past = cache[0][0].length if cache else 0  # positions already in the cache
+        x = self.tok_emb(idx)  # (B, T, C)
+        internals_tok = x
+        pos = None
+        if self.pos_emb is not None:
+            pos = self.pos_emb(t, offset=past)  # (T, C)
+            x = x + pos  # (B, T, C)
+        x = self.drop(x)
+        x, internals = self.decoder(x, cache=cache, need_weights=return_internals)  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                   targets.reshape(-1), ignore_index=-1)
+        if return_internals:
+            internals.token_embeddings, internals.position_embeddings = internals_tok, pos
+            return logits, loss, internals
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None, use_cache: bool = True) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens)."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed, use_cache))
+        return torch.cat([idx, *new], dim=1) if new else idx
+
+    @torch.no_grad()
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None, use_cache: bool = True):
+        """Yield each new token (B, 1) as soon as it is sampled."""
+        yield from generation.generate_tokens(self, idx, max_new_tokens, temperature, top_k,
+                                              top_p, seed, use_cache)
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss)
+
+
+__all__ = ["GPT", "Internals", "perplexity"]

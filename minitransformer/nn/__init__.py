@@ -1,0 +1,20 @@
+"""The Transformer's layers, one module per concept (see docs/transformer-tour.md)."""
+
+from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from .block import Decoder, DecoderBlock, Encoder, EncoderBlock, Internals
+from .feedforward import FeedForward
+from .mask import causal_mask, key_padding_mask, padding_mask
+from .positional import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_slopes,
+)
+
+__all__ = [
+    "ALiBi", "Decoder", "DecoderBlock", "Encoder", "EncoderBlock", "FeedForward", "Internals",
+    "KVCache", "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
+    "SinusoidalPositionalEncoding", "alibi_slopes", "causal_mask", "key_padding_mask",
+    "padding_mask", "scaled_dot_product_attention",
+]

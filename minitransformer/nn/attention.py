@@ -1,0 +1,170 @@
+"""Scaled dot-product attention and multi-head attention.
+
+"Attention Is All You Need", section 3.2:
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                       (eq. 1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Two paths compute the same thing: the readable reference path below (explicit softmax,
+returns the attention probabilities) and the fast path through PyTorch's fused
+``torch.nn.functional.scaled_dot_product_attention``. Tests hold them equal.
+
+Masks are boolean with True = "may attend" (see ``nn/mask.py``).
+
+Shapes: B batch, Tq query length, Tk key length, C channels (d_model), nh heads,
+hs head size (C // nh).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .mask import causal_mask, combine
+from .positional import ALiBi, RotaryEmbedding
+
+AttnImpl = Literal["auto", "reference", "fast"]
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 bias: torch.Tensor | None = None):
+    """Implements eq. 1: softmax(Q K^T / sqrt(d_k) + bias) V, the readable reference path.
+
+    q: (..., Tq, d_k), k: (..., Tk, d_k), v: (..., Tk, d_v); mask broadcastable to
+    (..., Tq, Tk) with True/1 = may attend (positions where it is False/0 get -inf before the
+    softmax); bias (optional, e.g. ALiBi) is added to the scores.
+    Returns (output (..., Tq, d_v), weights (..., Tq, Tk)); weights are before dropout.
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.bool(), float("-inf"))  # (..., Tq, Tk)
+    weights = torch.softmax(scores, dim=-1)  # (..., Tq, Tk), each row sums to 1
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (..., Tq, d_v), (..., Tq, Tk)
+
+
+class KVCache:
+    """Keys and values of one attention layer kept between decoding steps.
+
+    Self-attention appends the new position's k, v each step; cross-attention fills it once
+    from the encoder output. Storage grows by doubling, so each step writes only the new
+    slice instead of re-concatenating the whole history.
+    """
+
+    def __init__(self):
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor):
+        """Append k, v of shape (B, nh, T, hs); return all cached (B, nh, length, hs)."""
+        t0, t1 = self.length, self.length + k.shape[-2]
+        if self._k is None or t1 > self._k.shape[-2]:
+            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[-2]), 64)
+            new_k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+            new_v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+            if self._k is not None:
+                new_k[:, :, :t0] = self._k[:, :, :t0]
+                new_v[:, :, :t0] = self._v[:, :, :t0]
+            self._k, self._v = new_k, new_v
+        self._k[:, :, t0:t1] = k
+        self._v[:, :, t0:t1] = v
+        self.length = t1
+        return self.k, self.v
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): index (B',)."""
+        if self._k is not None:
+            self._k, self._v = self._k[index], self._v[index]
+
+
+class MultiHeadAttention(nn.Module):
+    """Implements MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2).
+
+    Self-attention when ``context`` is None, cross-attention otherwise (queries from ``x``,
+    keys and values from ``context``, e.g. the encoder output). ``causal=True`` adds the
+    decoder's look-ahead mask. ``rope`` / ``alibi`` add relative position information inside
+    self-attention.
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 causal: bool = False, attn_impl: AttnImpl = "auto",
+                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"n_embd ({d_model}) must be divisible by n_head ({n_head})")
+        self.n_head, self.head_size = n_head, d_model // n_head
+        self.causal, self.attn_impl, self.dropout = causal, attn_impl, dropout
+        self.rope, self.alibi = rope, alibi
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O (residual projection)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                need_weights: bool = False):
+        """x: (B, Tq, C); context: (B, Tk, C) or None; mask broadcastable to (B, nh, Tq, Tk).
+
+        Returns (y (B, Tq, C), weights (B, nh, Tq, Tk) or None). Weights come from the
+        reference path, which is used whenever ``need_weights`` is set.
+        """
+        b, t_q, c = x.shape
+        cross = context is not None
+        past = cache.length if (cache is not None and not cross) else 0  # cached positions
+        q = self.split_heads(self.q_proj(x))  # (B, nh, Tq, hs)
+        if cross and cache is not None and cache.length:  # encoder keys/values computed once
+            k, v = cache.k, cache.v  # (B, nh, Tk, hs)
+        else:
+            src = context if cross else x
+            k = self.split_heads(self.k_proj(src))  # (B, nh, Tk, hs)
+            v = self.split_heads(self.v_proj(src))  # (B, nh, Tk, hs)
+            if self.rope is not None and not cross:
+                k = self.rope(k, offset=past)  # keys rotated at their absolute positions
+            if cache is not None:
+                k, v = cache.update(k, v)  # (B, nh, past + Tq, hs) for self-attention
+        if self.rope is not None and not cross:
+            q = self.rope(q, offset=past)  # (B, nh, Tq, hs)
+        t_k = k.shape[-2]
+
+        causal_only = self.causal and mask is None and past == 0 and t_q == t_k
+        if self.causal:
+            mask = combine(causal_mask(t_q, t_k, offset=t_k - t_q, device=x.device), mask)
+        bias = None
+        if self.alibi is not None and not cross:
+            bias = self.alibi(t_q, t_k, offset=t_k - t_q).to(q.dtype)  # (nh, Tq, Tk)
+        p = self.dropout if self.training else 0.0
+
+        weights = None
+        if need_weights or self.attn_impl == "reference":
+            y, weights = scaled_dot_product_attention(q, k, v, mask, p, bias)  # (B, nh, Tq, hs)
+        elif bias is None and causal_only:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            attn_mask = mask
+            if bias is not None:  # fold the boolean mask into the additive bias
+                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(b, t_q, c)  # concatenate heads: (B, Tq, C)
+        return self.out_proj(y), weights  # (B, Tq, C)

@@ -1,0 +1,203 @@
+"""Transformer blocks and stacks (paper Figure 1), with residual + LayerNorm in both placements.
+
+    Post-LN (the paper, section 3.1):  x = LayerNorm(x + Sublayer(x))
+    Pre-LN  (GPT-2, Xiong et al. 2020): x = x + Sublayer(LayerNorm(x))
+
+A Pre-LN stack ends with one more LayerNorm (GPT-2's ``ln_f``); a Post-LN stack does not
+need one, since every block already ends in a norm.
+
+Shapes: B batch, T time (Tq decoder, Ts source), C channels, nh heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .attention import AttnImpl, KVCache, MultiHeadAttention
+from .feedforward import Activation, FeedForward
+from .positional import ALiBi, PosEncoding, RotaryEmbedding
+
+NormPosition = Literal["pre", "post"]
+
+
+@dataclass
+class Internals:
+    """What happened inside a stack, returned (never stored on modules) when asked for.
+
+    hidden_states: n_layer + 1 tensors (B, T, C): the stack's input, then each block's output.
+    attentions: per layer, self-attention weights (B, nh, T, T).
+    cross_attentions: per layer, decoder-to-encoder weights (B, nh, Tq, Ts) (decoders only).
+    token_embeddings / position_embeddings: filled in by the models, (B, T, C) and (T, C).
+    """
+
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    attentions: list[torch.Tensor] = field(default_factory=list)
+    cross_attentions: list[torch.Tensor] = field(default_factory=list)
+    token_embeddings: torch.Tensor | None = None
+    position_embeddings: torch.Tensor | None = None
+
+
+class Residual(nn.Module):
+    """One sublayer with its residual connection and LayerNorm, placed "pre" or "post"."""
+
+    def __init__(self, d_model: int, norm_position: NormPosition, dropout: float, eps: float):
+        super().__init__()
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+        self.pre = norm_position == "pre"
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)  # residual dropout (paper section 5.4)
+
+    def forward(self, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
+        """sublayer(h) -> (y, extra). Pre: x + y(LN(x)); post: LN(x + y(x))."""
+        if self.pre:
+            y, extra = sublayer(self.norm(x))
+            return x + self.dropout(y), extra  # (B, T, C)
+        y, extra = sublayer(x)
+        return self.norm(x + self.dropout(y)), extra  # (B, T, C)
+
+
+def _ffn_sublayer(ffn: FeedForward):
+    return lambda h: (ffn(h), None)
+
+
+class EncoderBlock(nn.Module):
+    """Implements one encoder layer: self-attention, then feed-forward, each with residual + norm."""
+
+    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
+                 bias: bool = True, activation: Activation = "relu",
+                 norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
+                 layer_norm_eps: float = 1e-5, rope: RotaryEmbedding | None = None,
+                 alibi: ALiBi | None = None):
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=False,
+                                       attn_impl=attn_impl, rope=rope, alibi=alibi)
+        self.ffn = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.res_attn = Residual(d_model, norm_position, dropout, layer_norm_eps)
+        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                need_weights: bool = False):
+        """x: (B, T, C), mask: key padding (B, 1, 1, T). Returns (x, self-attention weights)."""
+        x, w = self.res_attn(x, lambda h: self.attn(h, mask=mask, need_weights=need_weights))
+        x, _ = self.res_ffn(x, _ffn_sublayer(self.ffn))  # (B, T, C)
+        return x, w
+
+
+class DecoderBlock(nn.Module):
+    """Implements one decoder layer: masked self-attention, cross-attention to the encoder
+    output (optional: a decoder-only GPT has none), feed-forward; each with residual + norm."""
+
+    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
+                 bias: bool = True, activation: Activation = "relu",
+                 norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
+                 layer_norm_eps: float = 1e-5, cross_attention: bool = True,
+                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=True,
+                                            attn_impl=attn_impl, rope=rope, alibi=alibi)
+        self.res_self = Residual(d_model, norm_position, dropout, layer_norm_eps)
+        self.cross_attn = None
+        if cross_attention:  # no positional term in cross-attention
+            self.cross_attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=False,
+                                                 attn_impl=attn_impl)
+            self.res_cross = Residual(d_model, norm_position, dropout, layer_norm_eps)
+        self.ffn = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                cache: tuple[KVCache, KVCache] | None = None, need_weights: bool = False):
+        """x: (B, Tq, C); memory: encoder output (B, Ts, C); memory_mask: (B, 1, 1, Ts).
+
+        cache: (self-attention cache, cross-attention cache) for incremental decoding.
+        Returns (x, self-attention weights, cross-attention weights).
+        """
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        x, w_self = self.res_self(x, lambda h: self.self_attn(
+            h, mask=self_mask, cache=self_cache, need_weights=need_weights))
+        w_cross = None
+        if self.cross_attn is not None:
+            if memory is None and not (cross_cache is not None and cross_cache.length):
+                raise ValueError("this decoder block has cross-attention: pass memory")
+            x, w_cross = self.res_cross(x, lambda h: self.cross_attn(
+                h, context=memory if memory is not None else h, mask=memory_mask,
+                cache=cross_cache, need_weights=need_weights))
+        x, _ = self.res_ffn(x, _ffn_sublayer(self.ffn))  # (B, Tq, C)
+        return x, w_self, w_cross
+
+
+def relative_positions(pos_encoding: PosEncoding, n_head: int, head_size: int, max_len: int):
+    """The (rope, alibi) modules a stack shares across its self-attention layers."""
+    rope = RotaryEmbedding(head_size, max_len=max_len) if pos_encoding == "rope" else None
+    alibi = ALiBi(n_head) if pos_encoding == "alibi" else None
+    return rope, alibi
+
+
+class Encoder(nn.Module):
+    """Implements the encoder stack: N identical EncoderBlocks (no embeddings)."""
+
+    def __init__(self, n_layer: int, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
+                 bias: bool = True, activation: Activation = "relu",
+                 norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
+                 layer_norm_eps: float = 1e-5, pos_encoding: PosEncoding = "none",
+                 max_len: int = 1024):
+        super().__init__()
+        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len)
+        self.layers = nn.ModuleList(
+            EncoderBlock(d_model, n_head, d_ff, dropout, bias, activation, norm_position,
+                         attn_impl, layer_norm_eps, rope, alibi) for _ in range(n_layer))
+        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) \
+            if norm_position == "pre" else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                need_weights: bool = False):
+        """x: (B, T, C) embeddings; mask: (B, 1, 1, T). Returns (x (B, T, C), Internals)."""
+        internals = Internals(hidden_states=[x])
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)  # (B, T, C)
+            internals.hidden_states.append(x)
+            if w is not None:
+                internals.attentions.append(w)
+        return self.final_norm(x), internals
+
+
+class Decoder(nn.Module):
+    """Implements the decoder stack: N DecoderBlocks; ``cross_attention=False`` gives GPT's."""
+
+    def __init__(self, n_layer: int, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
+                 bias: bool = True, activation: Activation = "relu",
+                 norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
+                 layer_norm_eps: float = 1e-5, cross_attention: bool = True,
+                 pos_encoding: PosEncoding = "none", max_len: int = 1024):
+        super().__init__()
+        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len)
+        self.layers = nn.ModuleList(
+            DecoderBlock(d_model, n_head, d_ff, dropout, bias, activation, norm_position,
+                         attn_impl, layer_norm_eps, cross_attention, rope, alibi)
+            for _ in range(n_layer))
+        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) \
+            if norm_position == "pre" else nn.Identity()
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        """One (self, cross) cache pair per layer for incremental decoding."""
+        return [(KVCache(), KVCache()) for _ in self.layers]
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                cache: list[tuple[KVCache, KVCache]] | None = None, need_weights: bool = False):
+        """x: (B, Tq, C) embeddings. Returns (x (B, Tq, C), Internals)."""
+        internals = Internals(hidden_states=[x])
+        for i, layer in enumerate(self.layers):
+            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask,
+                                       None if cache is None else cache[i], need_weights)
+            internals.hidden_states.append(x)
+            if w_self is not None:
+                internals.attentions.append(w_self)
+            if w_cross is not None:
+                internals.cross_attentions.append(w_cross)
+        return self.final_norm(x), internals

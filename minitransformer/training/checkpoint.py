@@ -1,0 +1,259 @@
+"""Checkpoints: safetensors for tensors, JSON for everything else; every write is atomic.
+
+A run folder looks like this::
+
+    RUN/model.safetensors, config.json, tokenizer.json   the best model by val loss
+    RUN/log.csv                                          losses, learning rate, speed
+    RUN/checkpoints/step_0000500/                         the last few checkpoints, each
+        model.safetensors config.json tokenizer.json      a loadable model plus
+        trainer_state.safetensors trainer_state.json      the state to resume exactly
+
+Files are written to a temporary name in the same folder, fsynced and renamed over the
+target, so a crash mid-save leaves the previous file intact. Checkpoint folders are built
+under a temporary name and renamed into place. Loading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..config import config_from_dict
+from ..errors import ConfigError, UserError
+from ..tokenizers import tokenizer_from_dict
+
+MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE = "model.safetensors", "config.json", "tokenizer.json"
+STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
+CHECKPOINTS = "checkpoints"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(tmp_path), fsync the file and rename it onto ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+    atomic_write(path, write)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside a DDP wrapper and/or torch.compile (no key prefixes)."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+            model = model.module  # DistributedDataParallel
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod  # torch.compile
+        else:
+            return model
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared (tied) tensor stored once, contiguous, on the CPU."""
+    out, seen = {}, set()
+    for name, t in unwrap(model).state_dict().items():
+        key = (t.data_ptr(), t.shape, t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def write_model_files(folder: Path, model, meta: dict, tokenizer) -> None:
+    """model.safetensors + config.json + tokenizer.json, each atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = model_tensors(model)
+    atomic_write(folder / MODEL_FILE, lambda tmp: save_file(tensors, tmp, {"format": "pt"}))
+    atomic_write_json(folder / TOKENIZER_FILE, tokenizer.to_dict())
+    atomic_write_json(folder / CONFIG_FILE, meta)
+
+
+def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
+    sd = optimizer.state_dict()
+    tensors = {}
+    for idx, state in sd["state"].items():
+        for key, value in state.items():
+            tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _unflatten_optimizer(tensors: dict, info: dict) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = value
+    return {"state": state, "param_groups": info["param_groups"]}
+
+
+def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, optimizer,
+                    state: dict, state_tensors: dict, keep_last: int) -> Path:
+    """Write checkpoints/step_N (model + resume state) atomically; keep the newest keep_last."""
+    root = Path(out_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:07d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step_{step:07d}-"))
+    try:
+        write_model_files(tmp, model, meta, tokenizer)
+        opt_tensors, opt_info = _flatten_optimizer(optimizer)
+        all_tensors = {**opt_tensors, **{f"rng.{k}": v for k, v in state_tensors.items()}}
+        atomic_write(tmp / STATE_TENSORS, lambda p: save_file(all_tensors, p))
+        atomic_write_json(tmp / STATE_JSON, {**state, "optimizer": opt_info})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(out_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir()
+             if p.is_dir() and p.name.startswith("step_") and (p / STATE_JSON).exists()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
+    """Restore the optimizer in place; return (json state, rng tensors)."""
+    folder = Path(folder)
+    try:
+        tensors = load_file(folder / STATE_TENSORS)
+        with open(folder / STATE_JSON, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError, SafetensorError) as e:
+        raise UserError(f"cannot read the training state in {folder}: {e}") from None
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
+    rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
+    return state, rng
+
+
+def resolve_model_dir(path, which: str = "best") -> Path:
+    """The folder to load: the run folder itself (best) or its newest checkpoint (last)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no such checkpoint folder: {path}")
+    if which == "last":
+        found = list_checkpoints(path)
+        if found:
+            return found[-1]
+        if not (path / MODEL_FILE).exists():
+            raise UserError(f"{path} holds no checkpoints/ folder to pick the last one from")
+    elif which != "best":
+        raise UserError(f"--which must be best or last, got {which!r}")
+    if not (path / CONFIG_FILE).exists() and list_checkpoints(path):
+        return list_checkpoints(path)[-1]  # training has not written a best model yet
+    return path
+
+
+def read_meta(folder: Path) -> dict:
+    folder = Path(folder)
+    for name in (CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE):
+        if not (folder / name).exists():
+            raise UserError(f"{folder} is not a complete checkpoint: {name} is missing")
+    try:
+        with open(folder / CONFIG_FILE, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {folder / CONFIG_FILE}: {e}") from None
+    if not isinstance(meta, dict) or "model" not in meta or "family" not in meta:
+        raise UserError(f"{folder / CONFIG_FILE} is not a minitransformer config")
+    return meta
+
+
+def build_model(meta: dict):
+    from ..models import FAMILIES
+
+    family = meta.get("family")
+    if family not in FAMILIES:
+        raise UserError(f"unknown model family {family!r} in config.json")
+    config_cls, model_cls = FAMILIES[family]
+    try:
+        config = config_from_dict(config_cls, meta["model"])
+    except ConfigError as e:
+        raise UserError(f"config.json: {e}") from None
+    return model_cls(config)
+
+
+def load_weights(model, path: Path) -> None:
+    """Load safetensors weights; only tied copies may be absent; never unpickles."""
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError, ValueError) as e:
+        raise UserError(f"{path} is not a readable safetensors file ({e}); it may be "
+                        f"truncated or corrupt") from None
+    expected = model.state_dict()
+    tied = set(expected) - set(model_tensors(model))
+    missing = set(expected) - set(tensors) - tied
+    unexpected = set(tensors) - set(expected)
+    if missing or unexpected:
+        raise UserError(f"{path} does not fit the model in config.json "
+                        f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    for name, t in tensors.items():
+        if t.shape != expected[name].shape:
+            raise UserError(f"{path}: {name} has shape {tuple(t.shape)}, the config says "
+                            f"{tuple(expected[name].shape)}")
+    model.load_state_dict(tensors, strict=False)
+
+
+def load_checkpoint(path, which: str = "best", device: str | torch.device = "cpu"):
+    """Load a run folder (or a checkpoint folder): returns (model, tokenizer)."""
+    model, tokenizer, _ = load_checkpoint_with_meta(path, which, device)
+    return model, tokenizer
+
+
+def load_checkpoint_with_meta(path, which: str = "best", device="cpu"):
+    folder = resolve_model_dir(path, which)
+    meta = read_meta(folder)
+    model = build_model(meta)
+    load_weights(model, folder / MODEL_FILE)
+    try:
+        with open(folder / TOKENIZER_FILE, encoding="utf-8") as f:
+            tokenizer = tokenizer_from_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read {folder / TOKENIZER_FILE}: {e}") from None
+    model.to(device).eval()
+    return model, tokenizer, meta

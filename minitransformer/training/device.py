@@ -1,0 +1,67 @@
+"""Device, precision and compile choices, with ``auto`` picking what the hardware does well."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import torch
+
+from ..errors import UserError
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """auto: CUDA, then MPS, then CPU. Asking for a device that is absent is a user error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but PyTorch sees no CUDA GPU here "
+                        "(use --device auto or cpu)")
+    if name == "mps" and not (getattr(torch.backends, "mps", None)
+                              and torch.backends.mps.is_available()):
+        raise UserError("--device mps was asked for, but MPS is not available here")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA GPUs that have it, fp16 (with a grad scaler) on older ones, else fp32."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[name]
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for the forward pass; weights stay fp32 (master weights)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def set_threads() -> None:
+    """One intra-op thread per physical core (hyper-threads slow matmuls down on CPU)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    n = os.cpu_count() or 1
+    torch.set_num_threads(max(1, min(n, torch.get_num_threads())))
+
+
+def maybe_compile(model, mode: str, device: torch.device):
+    """torch.compile when asked (auto = on CUDA); returns (model, compiled?)."""
+    want = mode == "on" or (mode == "auto" and device.type == "cuda")
+    if not want:
+        return model, False
+    try:
+        return torch.compile(model), True
+    except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
+        print(f"note: torch.compile is unavailable ({type(e).__name__}: {e}); running eagerly",
+              file=sys.stderr)
+        return model, False

@@ -1,0 +1,60 @@
+"""Random-number state and the CSV log: what exact resume needs beyond model and optimizer."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LOG_FIELDS = ["step", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"]
+
+
+def capture_rng(batch_generator: torch.Generator) -> tuple[dict, dict]:
+    """(JSON-able state, tensor state) of every random stream training uses."""
+    tensors = {"torch": torch.get_rng_state(), "batch": batch_generator.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["cuda"] = torch.cuda.get_rng_state()
+    py = random.getstate()
+    np_state = np.random.get_state()
+    info = {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]),
+                      float(np_state[4])]}
+    return info, tensors
+
+
+def restore_rng(info: dict, tensors: dict, batch_generator: torch.Generator) -> None:
+    torch.set_rng_state(tensors["torch"])
+    batch_generator.set_state(tensors["batch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["cuda"])
+    py = info["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = info["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+
+
+class CsvLog:
+    """log.csv beside the checkpoints; on resume, rows past the resumed step are dropped."""
+
+    def __init__(self, path: Path, resume_step: int | None):
+        self.path = Path(path)
+        rows = []
+        if resume_step is not None and self.path.exists():
+            with open(self.path, newline="", encoding="utf-8") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        with open(self.path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, LOG_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def write(self, **row) -> None:
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, LOG_FIELDS).writerow(
+                {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+    def rows(self) -> list[dict]:
+        with open(self.path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))

@@ -1,0 +1,271 @@
+"""The training loop: AdamW, warmup + cosine, clipping, evaluation, checkpoints, exact resume.
+
+What one optimizer step does (nanoGPT's loop, written out):
+    lr <- schedule(step)                     warmup, then cosine over max_iters or the time budget
+    x, y <- batch_size random windows        drawn from a dedicated, checkpointed generator
+    loss <- cross-entropy(model(x), y)       split into grad_accum micro-steps
+    clip ||grad|| to grad_clip; AdamW step
+Every eval_interval steps: val loss (nanoGPT's estimate), a sample, a checkpoint in
+checkpoints/, and the best model so far at the top of the run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import TrainConfig
+from ..data import get_batch
+from ..errors import UserError
+from . import checkpoint as ckpt
+from .device import autocast, maybe_compile, pick_device, pick_dtype, set_threads
+from .optim import make_optimizer
+from .schedule import cosine_lr
+from .state import CsvLog, capture_rng, restore_rng
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    best_val_loss: float
+    val_loss: float
+    train_seconds: float
+    interrupted: bool = False
+
+
+class LanguageModelTask:
+    """Next-token prediction on one token stream: batches, loss, sample."""
+
+    family = "gpt"
+
+    def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int):
+        self.data = {"train": train_ids, "val": val_ids}
+        self.block_size = block_size
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator):
+        return get_batch(self.data[split], batch_size, self.block_size, generator)
+
+    def sample(self, model, tokenizer, n_tokens: int, device) -> str:
+        prompt = "\n" if "\n" in getattr(tokenizer, "stoi", {}) else tokenizer.decode([0])
+        idx = torch.tensor([tokenizer.encode(prompt)], device=device)
+        out = model.generate(idx, n_tokens, temperature=0.8, top_k=50, seed=0)
+        return tokenizer.decode(out[0, idx.shape[1]:].tolist())
+
+
+@torch.no_grad()
+def estimate_loss(model, task, split: str, batch_size: int, eval_iters: int, device, dtype,
+                  seed: int = 0) -> float:
+    """Mean cross-entropy (nats/token) over eval_iters random batches, as nanoGPT measures it.
+
+    Uses its own generator (fixed seed), so evaluating never shifts the training data order.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(eval_iters):
+        x, y = task.batch(split, batch_size, gen)
+        with autocast(device, dtype):
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.float()
+    model.train(was_training)
+    return (total / eval_iters).item()
+
+
+class _StopFlag:
+    """Turns Ctrl-C into a request to stop after the current step (never mid-update)."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = None
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave Ctrl-C alone
+            self._old = None
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
+    out_dir = Path(out_dir)
+    has_run = (out_dir / ckpt.CONFIG_FILE).exists() or (out_dir / ckpt.CHECKPOINTS).exists()
+    if resume:
+        if not ckpt.list_checkpoints(out_dir):
+            raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
+        return
+    if has_run and not force:
+        raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it "
+                        f"or --force to replace it")
+    if has_run and force:
+        shutil.rmtree(out_dir / ckpt.CHECKPOINTS, ignore_errors=True)
+        for name in (ckpt.MODEL_FILE, ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, "log.csv"):
+            (out_dir / name).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume: bool = False,
+          force: bool = False, progress: bool = True, echo=print) -> TrainResult:
+    """Train ``model`` on ``task``; write the run folder ``out_dir``; return a summary.
+
+    ``meta`` is stored in every config.json (family, model config, data source).
+    """
+    out_dir = Path(out_dir)
+    prepare_out_dir(out_dir, resume, force)
+    set_threads()
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    torch.manual_seed(cfg.seed)
+    model.to(device)
+    optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay,
+                               (cfg.beta1, cfg.beta2), device.type)
+    batch_gen = torch.Generator().manual_seed(cfg.seed)
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+
+    step, train_time, best, last_val = 0, 0.0, math.inf, math.nan
+    if resume:
+        folder = ckpt.list_checkpoints(out_dir)[-1]
+        ckpt.load_weights(ckpt.unwrap(model), folder / ckpt.MODEL_FILE)
+        state, rng = ckpt.load_training_state(folder, optimizer)
+        restore_rng(state["rng"], rng, batch_gen)
+        step, train_time = state["step"], state["train_seconds"]
+        best, last_val = state["best_val_loss"], state["val_loss"]
+        echo(f"resuming {out_dir} from step {step} (val loss {last_val:.4f})")
+    log = CsvLog(out_dir / "log.csv", step if resume else None)
+    last_eval = step if resume else -1
+    run_model, compiled = maybe_compile(model, cfg.compile, device)
+    tokens_per_step = cfg.batch_size * task.block_size
+    micro = cfg.batch_size // cfg.grad_accum
+    if micro * cfg.grad_accum != cfg.batch_size:
+        raise UserError(f"batch_size ({cfg.batch_size}) must be divisible by grad_accum "
+                        f"({cfg.grad_accum})")
+
+    def full_meta(val_loss: float) -> dict:
+        return {**meta, "train": dataclasses.asdict(cfg), "step": step,
+                "val_loss": val_loss, "best_val_loss": min(best, val_loss)}
+
+    def evaluate_and_save() -> None:
+        nonlocal best, last_val, last_eval
+        last_val = estimate_loss(run_model, task, "val", cfg.batch_size, cfg.eval_iters,
+                                 device, dtype)
+        last_eval = step
+        log.write(step=step, val_loss=last_val, elapsed_s=train_time)
+        msg = f"step {step}: val loss {last_val:.4f}"
+        if step > 0:
+            is_best = last_val < best
+            if is_best:
+                ckpt.write_model_files(out_dir, model, full_meta(last_val), tokenizer)
+                best = last_val
+            save_state(last_val)
+            msg += " (best so far, saved)" if is_best else ""
+        bar.write(msg)
+        if cfg.sample_tokens:
+            bar.write("  sample: " + task.sample(model, tokenizer, cfg.sample_tokens, device)
+                      .replace("\n", "\n          ")[:2000])
+
+    def save_state(val_loss: float) -> None:
+        info, tensors = capture_rng(batch_gen)
+        state = {"step": step, "train_seconds": train_time, "best_val_loss": min(best, val_loss),
+                 "val_loss": val_loss, "rng": info}
+        ckpt.save_checkpoint(out_dir, step, model, full_meta(val_loss), tokenizer, optimizer,
+                             state, tensors, cfg.keep_last)
+
+    budget = cfg.time_budget
+    bar = tqdm(total=int(budget) if budget else cfg.max_iters,
+               initial=int(train_time) if budget else step, disable=not progress,
+               unit="s" if budget else "it", dynamic_ncols=True, leave=True)
+    running_loss, window_t, window_steps, interrupted = None, 0.0, 0, False
+    model.train()
+    with _StopFlag() as stop:
+        while True:
+            if step % cfg.eval_interval == 0 and last_eval != step:
+                evaluate_and_save()
+            out_of_time = budget is not None and train_time >= budget
+            if step >= cfg.max_iters or out_of_time:
+                break
+            if stop.requested:
+                interrupted = True
+                break
+            progress_frac = train_time / budget if budget else step / cfg.max_iters
+            lr = cosine_lr(step, progress_frac, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            t0 = time.perf_counter()
+            x, y = task.batch("train", cfg.batch_size, batch_gen)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss_sum = torch.zeros((), device=device)
+            for m in range(cfg.grad_accum):
+                xs, ys = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+                with autocast(device, dtype):
+                    _, loss = run_model(xs, ys)
+                loss = loss / cfg.grad_accum
+                (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += loss.detach()
+            if scaler:
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if device.type == "cuda" and step % cfg.log_interval == 0:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            train_time += dt
+            window_t += dt
+            window_steps += 1
+            if step % cfg.log_interval == 0 or step == cfg.max_iters:
+                loss_value = loss_sum.item()  # the one host sync, at log points only
+                if not math.isfinite(loss_value):
+                    bar.close()
+                    raise TrainingDiverged(
+                        f"the loss became {loss_value} at step {step}; training stopped. The "
+                        f"last good checkpoint is kept in {out_dir}; try a lower "
+                        f"--learning_rate or --grad_clip 1.0")
+                running_loss = loss_value if running_loss is None else \
+                    0.9 * running_loss + 0.1 * loss_value
+                tok_s = tokens_per_step * window_steps / max(window_t, 1e-9)
+                log.write(step=step, train_loss=loss_value, lr=lr,
+                          grad_norm=float(grad_norm), tokens_per_s=tok_s, elapsed_s=train_time)
+                bar.set_postfix(loss=f"{running_loss:.3f}", lr=f"{lr:.1e}",
+                                tok_s=f"{tok_s:,.0f}", refresh=False)
+                window_t, window_steps = 0.0, 0
+            if budget:
+                bar.update(min(int(train_time), int(budget)) - bar.n)
+            else:
+                bar.update(1)
+        if interrupted:
+            save_state(last_val if last_eval == step else math.nan)
+        elif last_eval != step:
+            evaluate_and_save()
+    bar.close()
+    if interrupted:
+        echo(f"interrupted at step {step}; saved {out_dir / ckpt.CHECKPOINTS}. Resume with: "
+             f"minitransformer train --out {out_dir} --resume")
+    return TrainResult(out_dir, step, best, last_val, train_time, interrupted)
