@@ -57,6 +57,7 @@ FIELD_HELP = {
     "grad_clip": "clip the gradient norm to this (0 = off)",
     "grad_accum": "split each step into this many micro-batches",
     "seed": "random seed (weights, data order, dropout)",
+    "lr_schedule": "cosine: warmup + cosine decay; noam: the paper's d^-0.5 min(s^-0.5, s w^-1.5)",
     "time_budget": "train for this long (e.g. 120s, 5m), evaluation excluded",
     "keep_last": "recent checkpoints kept in checkpoints/",
     "sample_tokens": "length of the sample printed at each evaluation (0 = none)",
@@ -143,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
+    add_core_parsers(sub)
+    return parser
+
+
+def add_core_parsers(sub) -> None:
+    """train, sample, evaluate. Other modules add their subcommands beside these, each
+    parser naming its handler with ``set_defaults(func=...)``."""
+    from . import commands
+
     t = sub.add_parser("train", help="train a model on a corpus",
                        description="Train a model. Any config field is a flag: --n_layer 4 ...")
     t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings) or a "
@@ -157,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_flags(t, GPTConfig, "model (GPTConfig)")
     add_config_flags(t, TrainConfig, "training (TrainConfig)")
+    t.set_defaults(func=commands.cmd_train)
 
     s = sub.add_parser("sample", help="generate text from a trained model")
     s.add_argument("dir", help="run folder (or checkpoint folder)")
@@ -173,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="best: the run folder's best model; last: the newest checkpoint")
     s.add_argument("--no-cache", action="store_true", help="recompute the context every token")
     s.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"])
+    s.set_defaults(func=commands.cmd_sample)
 
     e = sub.add_parser("evaluate", help="val loss, perplexity and bits per token")
     e.add_argument("dir", help="run folder (or checkpoint folder)")
@@ -183,16 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", "--batch_size", type=_positive_int, default=None)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"])
-    return parser
+    e.set_defaults(func=commands.cmd_evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        from . import commands
-
-        return getattr(commands, f"cmd_{args.command}")(args) or 0
+        return args.func(args) or 0
     except UserError as e:
         print(f"minitransformer: error: {e}", file=sys.stderr)
         return 2

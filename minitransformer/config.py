@@ -89,6 +89,7 @@ class TrainConfig:
     grad_accum: int = 1
     seed: int = 1337
     time_budget: float | None = None  # seconds of training (evaluation excluded)
+    lr_schedule: Literal["cosine", "noam"] = "cosine"  # noam: the paper's, section 5.3
     keep_last: int = 3  # how many recent checkpoints stay in checkpoints/
     sample_tokens: int = 200  # length of the sample printed at each evaluation
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"

@@ -27,8 +27,9 @@ from ..data import get_batch
 from ..errors import UserError
 from . import checkpoint as ckpt
 from .device import autocast, maybe_compile, pick_device, pick_dtype, set_threads
+from .curves import plot_loss_curve
 from .optim import make_optimizer
-from .schedule import cosine_lr
+from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
 
 
@@ -47,7 +48,13 @@ class TrainResult:
 
 
 class LanguageModelTask:
-    """Next-token prediction on one token stream: batches, loss, sample."""
+    """Next-token prediction on one token stream: batches, loss, sample.
+
+    The trainer sees a task only through these methods, so other model families plug in
+    with a task of their own: ``batch`` returns a tuple of batch-first tensors, ``loss``
+    maps (model, batch) to a scalar, ``tokens`` counts the tokens of a batch (host side,
+    from shapes: no device sync), ``sample`` returns a short text to print.
+    """
 
     family = "gpt"
 
@@ -57,6 +64,13 @@ class LanguageModelTask:
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator):
         return get_batch(self.data[split], batch_size, self.block_size, generator)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return model(x, y)[1]
+
+    def tokens(self, batch) -> int:
+        return batch[0].numel()
 
     def sample(self, model, tokenizer, n_tokens: int, device) -> str:
         prompt = "\n" if "\n" in getattr(tokenizer, "stoi", {}) else tokenizer.decode([0])
@@ -77,9 +91,9 @@ def estimate_loss(model, task, split: str, batch_size: int, eval_iters: int, dev
     model.eval()
     total = torch.zeros((), device=device)
     for _ in range(eval_iters):
-        x, y = task.batch(split, batch_size, gen)
+        batch = tuple(t.to(device) for t in task.batch(split, batch_size, gen))
         with autocast(device, dtype):
-            _, loss = model(x.to(device), y.to(device))
+            loss = task.loss(model, batch)
         total += loss.float()
     model.train(was_training)
     return (total / eval_iters).item()
@@ -156,7 +170,6 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
     log = CsvLog(out_dir / "log.csv", step if resume else None)
     last_eval = step if resume else -1
     run_model, compiled = maybe_compile(model, cfg.compile, device)
-    tokens_per_step = cfg.batch_size * task.block_size
     micro = cfg.batch_size // cfg.grad_accum
     if micro * cfg.grad_accum != cfg.batch_size:
         raise UserError(f"batch_size ({cfg.batch_size}) must be divisible by grad_accum "
@@ -179,6 +192,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                 ckpt.write_model_files(out_dir, model, full_meta(last_val), tokenizer)
                 best = last_val
             save_state(last_val)
+            plot_loss_curve(out_dir / "log.csv", out_dir / "loss.png")
             msg += " (best so far, saved)" if is_best else ""
         bar.write(msg)
         if cfg.sample_tokens:
@@ -196,7 +210,8 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
     bar = tqdm(total=int(budget) if budget else cfg.max_iters,
                initial=int(train_time) if budget else step, disable=not progress,
                unit="s" if budget else "it", dynamic_ncols=True, leave=True)
-    running_loss, window_t, window_steps, interrupted = None, 0.0, 0, False
+    running_loss, interrupted = None, False
+    window_t, window_steps, window_tokens = 0.0, 0, 0
     model.train()
     with _StopFlag() as stop:
         while True:
@@ -209,17 +224,22 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                 interrupted = True
                 break
             progress_frac = train_time / budget if budget else step / cfg.max_iters
-            lr = cosine_lr(step, progress_frac, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters)
+            if cfg.lr_schedule == "noam":  # the paper's schedule; learning_rate is unused
+                lr = noam_lr(step + 1, ckpt.unwrap(model).config.n_embd, cfg.warmup_iters)
+            else:
+                lr = cosine_lr(step, progress_frac, cfg.learning_rate, cfg.min_lr,
+                               cfg.warmup_iters)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             t0 = time.perf_counter()
-            x, y = task.batch("train", cfg.batch_size, batch_gen)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            batch = tuple(t.to(device, non_blocking=True)
+                          for t in task.batch("train", cfg.batch_size, batch_gen))
+            window_tokens += task.tokens(batch)
             loss_sum = torch.zeros((), device=device)
             for m in range(cfg.grad_accum):
-                xs, ys = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+                part = tuple(t[m * micro:(m + 1) * micro] for t in batch)
                 with autocast(device, dtype):
-                    _, loss = run_model(xs, ys)
+                    loss = task.loss(run_model, part)
                 loss = loss / cfg.grad_accum
                 (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach()
@@ -250,12 +270,12 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                         f"--learning_rate or --grad_clip 1.0")
                 running_loss = loss_value if running_loss is None else \
                     0.9 * running_loss + 0.1 * loss_value
-                tok_s = tokens_per_step * window_steps / max(window_t, 1e-9)
+                tok_s = window_tokens / max(window_t, 1e-9)
                 log.write(step=step, train_loss=loss_value, lr=lr,
                           grad_norm=float(grad_norm), tokens_per_s=tok_s, elapsed_s=train_time)
                 bar.set_postfix(loss=f"{running_loss:.3f}", lr=f"{lr:.1e}",
                                 tok_s=f"{tok_s:,.0f}", refresh=False)
-                window_t, window_steps = 0.0, 0
+                window_t, window_steps, window_tokens = 0.0, 0, 0
             if budget:
                 bar.update(min(int(train_time), int(budget)) - bar.n)
             else:
