@@ -66,7 +66,7 @@ def _ffn_sublayer(ffn: FeedForward):
 
 
 class EncoderBlock(nn.Module):
-    """Implements one encoder layer: self-attention, then feed-forward, each with residual + norm."""
+    """Implements one encoder layer: self-attention, then feed-forward; residual + norm each."""
 
     def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
                  bias: bool = True, activation: Activation = "relu",

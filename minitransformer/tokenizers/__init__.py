@@ -1,4 +1,4 @@
-"""Tokenizers: ``CharTokenizer`` (ours); subword tokenizers come from Hugging Face ``tokenizers``."""
+"""Tokenizers: ``CharTokenizer`` (ours); subword ones come from Hugging Face ``tokenizers``."""
 
 import json
 

@@ -26,8 +26,8 @@ from ..config import TrainConfig
 from ..data import get_batch
 from ..errors import UserError
 from . import checkpoint as ckpt
-from .device import autocast, maybe_compile, pick_device, pick_dtype, set_threads
 from .curves import plot_loss_curve
+from .device import autocast, maybe_compile, pick_device, pick_dtype, set_threads
 from .optim import make_optimizer
 from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
