@@ -71,6 +71,52 @@ class GPTConfig:
 
 
 @dataclass
+class EncoderConfig:
+    """A bidirectional encoder (BERT's layout: learned positions, Post-LN, exact GELU)."""
+
+    vocab_size: int = 65
+    block_size: int = 128  # longest input (BERT's max_position_embeddings)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128  # d_model
+    d_ff: int | None = None  # feed-forward width; None = 4 * n_embd
+    dropout: float = 0.0
+    bias: bool = True
+    pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "learned"
+    norm_position: Literal["pre", "post"] = "post"
+    activation: Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    init: Literal["gpt2", "xavier"] = "gpt2"
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 0  # token-type (segment A/B) embeddings; 0 = none
+    embedding_norm: Literal["layernorm", "none"] = "layernorm"  # LayerNorm after the sum
+    mlm_head: Literal["bert", "linear", "none"] = "bert"  # masked-LM output head
+    tie_weights: bool = True  # MLM head's output matrix = the token embedding
+    mask_id: int | None = None  # id of the [MASK] token used in masked-LM training
+
+    def __post_init__(self):
+        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",
+                        "layer_norm_eps")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
+                              f"({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size must not be negative, got {self.type_vocab_size}")
+        if self.mask_id is not None and not 0 <= self.mask_id < self.vocab_size:
+            raise ConfigError(f"mask_id ({self.mask_id}) must be a token id below vocab_size "
+                              f"({self.vocab_size})")
+        _check_literals(self)
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError("rope needs an even head size (n_embd / n_head)")
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff or 4 * self.n_embd
+
+
+@dataclass
 class TrainConfig:
     """The training loop's settings; names as in nanoGPT's train.py."""
 
