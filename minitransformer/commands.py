@@ -39,8 +39,10 @@ def cmd_train(args) -> int:
         if not found:
             raise UserError(f"nothing to resume in {out}: it has no checkpoints/ folder")
         meta = ckpt.read_meta(found[-1])
-        if model_over:
-            raise UserError(f"--resume keeps the run's model; drop {', '.join(model_over)}")
+        changed = [k for k, v in model_over.items() if meta["model"].get(k) != v]
+        if changed:  # repeating the original command with --resume is fine; changing it is not
+            raise UserError(f"--resume keeps the run's model; {', '.join(changed)} differ(s) "
+                            f"from the checkpoint")
         data = meta.get("data", {})
         source, encoding = args.data or data.get("source"), data.get("encoding", args.encoding)
         text = load_text(source, encoding)

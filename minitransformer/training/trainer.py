@@ -11,6 +11,7 @@ checkpoints/, and the best model so far at the top of the run folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import shutil
@@ -26,8 +27,9 @@ from ..config import TrainConfig
 from ..data import get_batch
 from ..errors import UserError
 from . import checkpoint as ckpt
+from . import distributed
 from .curves import plot_loss_curve
-from .device import autocast, maybe_compile, pick_device, pick_dtype, set_threads
+from .device import autocast, maybe_compile, pick_dtype, set_threads
 from .optim import make_optimizer
 from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
@@ -144,71 +146,89 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
           force: bool = False, progress: bool = True, echo=print) -> TrainResult:
     """Train ``model`` on ``task``; write the run folder ``out_dir``; return a summary.
 
-    ``meta`` is stored in every config.json (family, model config, data source).
+    ``meta`` is stored in every config.json (family, model config, data source). Under
+    torchrun every process calls this; ``cfg.batch_size`` stays the global batch of one
+    optimizer step, each rank taking its slice of it.
     """
     out_dir = Path(out_dir)
-    prepare_out_dir(out_dir, resume, force)
+    info, device = distributed.setup(cfg.device)
+    main = info.is_main
+    if main:
+        prepare_out_dir(out_dir, resume, force)
+    distributed.barrier(info)
     set_threads()
-    device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    torch.manual_seed(cfg.seed)
+    per_rank, rem = divmod(cfg.batch_size, info.world_size * cfg.grad_accum)
+    if rem or per_rank == 0:
+        raise UserError(f"batch_size ({cfg.batch_size}) must be a multiple of processes x "
+                        f"grad_accum ({info.world_size} x {cfg.grad_accum})")
+    rows = slice(info.rank * per_rank * cfg.grad_accum, (info.rank + 1) * per_rank * cfg.grad_accum)
+    torch.manual_seed(cfg.seed + info.rank)  # dropout differs across ranks, as it should
     model.to(device)
     optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay,
                                (cfg.beta1, cfg.beta2), device.type)
-    batch_gen = torch.Generator().manual_seed(cfg.seed)
+    batch_gen = torch.Generator().manual_seed(cfg.seed)  # same on every rank: one global sampler
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
 
     step, train_time, best, last_val = 0, 0.0, math.inf, math.nan
     if resume:
         folder = ckpt.list_checkpoints(out_dir)[-1]
-        ckpt.load_weights(ckpt.unwrap(model), folder / ckpt.MODEL_FILE)
+        ckpt.load_weights(model, folder / ckpt.MODEL_FILE)
         state, rng = ckpt.load_training_state(folder, optimizer)
+        rng["torch"] = rng.get(f"torch_rank{info.rank}", rng["torch"])
         restore_rng(state["rng"], rng, batch_gen)
         step, train_time = state["step"], state["train_seconds"]
         best, last_val = state["best_val_loss"], state["val_loss"]
-        echo(f"resuming {out_dir} from step {step} (val loss {last_val:.4f})")
-    log = CsvLog(out_dir / "log.csv", step if resume else None)
+        if main:
+            echo(f"resuming {out_dir} from step {step} (val loss {last_val:.4f})")
+    log = CsvLog(out_dir / "log.csv", step if resume else None) if main else None
     last_eval = step if resume else -1
-    run_model, compiled = maybe_compile(model, cfg.compile, device)
-    micro = cfg.batch_size // cfg.grad_accum
-    if micro * cfg.grad_accum != cfg.batch_size:
-        raise UserError(f"batch_size ({cfg.batch_size}) must be divisible by grad_accum "
-                        f"({cfg.grad_accum})")
+    compiled_model, _ = maybe_compile(model, cfg.compile, device)
+    run_model = distributed.wrap(compiled_model, info, device)
 
     def full_meta(val_loss: float) -> dict:
         return {**meta, "train": dataclasses.asdict(cfg), "step": step,
                 "val_loss": val_loss, "best_val_loss": min(best, val_loss)}
 
+    def save_state(val_loss: float) -> None:
+        rng_info, tensors = capture_rng(batch_gen)
+        for r, t in enumerate(distributed.gather(torch.get_rng_state(), info)):
+            if info.enabled:
+                tensors[f"torch_rank{r}"] = t
+        if main:
+            state = {"step": step, "train_seconds": train_time,
+                     "best_val_loss": min(best, val_loss), "val_loss": val_loss,
+                     "world_size": info.world_size, "rng": rng_info}
+            ckpt.save_checkpoint(out_dir, step, model, full_meta(val_loss), tokenizer,
+                                 optimizer, state, tensors, cfg.keep_last)
+        distributed.barrier(info)
+
     def evaluate_and_save() -> None:
         nonlocal best, last_val, last_eval
-        last_val = estimate_loss(run_model, task, "val", cfg.batch_size, cfg.eval_iters,
+        # every rank evaluates the same batches (cheap, and no rank waits on another)
+        last_val = estimate_loss(compiled_model, task, "val", cfg.batch_size, cfg.eval_iters,
                                  device, dtype)
         last_eval = step
-        log.write(step=step, val_loss=last_val, elapsed_s=train_time)
-        msg = f"step {step}: val loss {last_val:.4f}"
-        if step > 0:
-            is_best = last_val < best
+        is_best = step > 0 and last_val < best
+        if main:
+            log.write(step=step, val_loss=last_val, elapsed_s=train_time)
             if is_best:
                 ckpt.write_model_files(out_dir, model, full_meta(last_val), tokenizer)
-                best = last_val
+        if step > 0:
             save_state(last_val)
-            plot_loss_curve(out_dir / "log.csv", out_dir / "loss.png")
-            msg += " (best so far, saved)" if is_best else ""
-        bar.write(msg)
-        if cfg.sample_tokens:
-            bar.write("  sample: " + task.sample(model, tokenizer, cfg.sample_tokens, device)
-                      .replace("\n", "\n          ")[:2000])
-
-    def save_state(val_loss: float) -> None:
-        info, tensors = capture_rng(batch_gen)
-        state = {"step": step, "train_seconds": train_time, "best_val_loss": min(best, val_loss),
-                 "val_loss": val_loss, "rng": info}
-        ckpt.save_checkpoint(out_dir, step, model, full_meta(val_loss), tokenizer, optimizer,
-                             state, tensors, cfg.keep_last)
+            if main:
+                plot_loss_curve(out_dir / "log.csv", out_dir / "loss.png")
+        best = min(best, last_val) if step > 0 else best
+        if main:
+            bar.write(f"step {step}: val loss {last_val:.4f}"
+                      + (" (best so far, saved)" if is_best else ""))
+            if cfg.sample_tokens:
+                text = task.sample(model, tokenizer, cfg.sample_tokens, device)
+                bar.write("  sample: " + text.replace("\n", "\n          ")[:2000])
 
     budget = cfg.time_budget
     bar = tqdm(total=int(budget) if budget else cfg.max_iters,
-               initial=int(train_time) if budget else step, disable=not progress,
+               initial=int(train_time) if budget else step, disable=not (progress and main),
                unit="s" if budget else "it", dynamic_ncols=True, leave=True)
     running_loss, interrupted = None, False
     window_t, window_steps, window_tokens = 0.0, 0, 0
@@ -217,31 +237,29 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         while True:
             if step % cfg.eval_interval == 0 and last_eval != step:
                 evaluate_and_save()
-            out_of_time = budget is not None and train_time >= budget
-            if step >= cfg.max_iters or out_of_time:
+            if step >= cfg.max_iters or (budget is not None and train_time >= budget):
                 break
-            if stop.requested:
+            if stop.requested and not info.enabled:
                 interrupted = True
                 break
             progress_frac = train_time / budget if budget else step / cfg.max_iters
-            if cfg.lr_schedule == "noam":  # the paper's schedule; learning_rate is unused
-                lr = noam_lr(step + 1, ckpt.unwrap(model).config.n_embd, cfg.warmup_iters)
-            else:
-                lr = cosine_lr(step, progress_frac, cfg.learning_rate, cfg.min_lr,
-                               cfg.warmup_iters)
+            lr = learning_rate(cfg, step, progress_frac, model)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             t0 = time.perf_counter()
-            batch = tuple(t.to(device, non_blocking=True)
+            batch = tuple(t[rows].to(device, non_blocking=True)
                           for t in task.batch("train", cfg.batch_size, batch_gen))
-            window_tokens += task.tokens(batch)
+            window_tokens += task.tokens(batch) * info.world_size
             loss_sum = torch.zeros((), device=device)
             for m in range(cfg.grad_accum):
-                part = tuple(t[m * micro:(m + 1) * micro] for t in batch)
-                with autocast(device, dtype):
-                    loss = task.loss(run_model, part)
-                loss = loss / cfg.grad_accum
-                (scaler.scale(loss) if scaler else loss).backward()
+                part = tuple(t[m * per_rank:(m + 1) * per_rank] for t in batch)
+                last_micro = m == cfg.grad_accum - 1
+                sync = contextlib.nullcontext() if last_micro or not info.enabled \
+                    else run_model.no_sync()  # all-reduce gradients once, after the last
+                with sync:
+                    with autocast(device, dtype):
+                        loss = task.loss(run_model, part) / cfg.grad_accum
+                    (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach()
             if scaler:
                 scaler.unscale_(optimizer)
@@ -254,38 +272,50 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            if device.type == "cuda" and step % cfg.log_interval == 0:
+            at_log = step % cfg.log_interval == 0 or step == cfg.max_iters
+            if device.type == "cuda" and at_log:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            train_time += dt
+            train_time = distributed.from_main(train_time + dt, info, device) if budget \
+                else train_time + dt
             window_t += dt
             window_steps += 1
-            if step % cfg.log_interval == 0 or step == cfg.max_iters:
-                loss_value = loss_sum.item()  # the one host sync, at log points only
+            if at_log:
+                loss_value = distributed.mean(loss_sum, info).item()  # the one sync, here
                 if not math.isfinite(loss_value):
                     bar.close()
                     raise TrainingDiverged(
                         f"the loss became {loss_value} at step {step}; training stopped. The "
                         f"last good checkpoint is kept in {out_dir}; try a lower "
                         f"--learning_rate or --grad_clip 1.0")
+                if info.enabled and distributed.from_main(float(stop.requested), info, device):
+                    interrupted = True
                 running_loss = loss_value if running_loss is None else \
                     0.9 * running_loss + 0.1 * loss_value
                 tok_s = window_tokens / max(window_t, 1e-9)
-                log.write(step=step, train_loss=loss_value, lr=lr,
-                          grad_norm=float(grad_norm), tokens_per_s=tok_s, elapsed_s=train_time)
+                if main:
+                    log.write(step=step, train_loss=loss_value, lr=lr,
+                              grad_norm=float(grad_norm), tokens_per_s=tok_s,
+                              elapsed_s=train_time)
                 bar.set_postfix(loss=f"{running_loss:.3f}", lr=f"{lr:.1e}",
                                 tok_s=f"{tok_s:,.0f}", refresh=False)
                 window_t, window_steps, window_tokens = 0.0, 0, 0
-            if budget:
-                bar.update(min(int(train_time), int(budget)) - bar.n)
-            else:
-                bar.update(1)
+                if interrupted:
+                    break
+            bar.update(min(int(train_time), int(budget)) - bar.n if budget else 1)
         if interrupted:
             save_state(last_val if last_eval == step else math.nan)
         elif last_eval != step:
             evaluate_and_save()
     bar.close()
-    if interrupted:
-        echo(f"interrupted at step {step}; saved {out_dir / ckpt.CHECKPOINTS}. Resume with: "
-             f"minitransformer train --out {out_dir} --resume")
+    if interrupted and main:
+        echo(f"interrupted at step {step}; saved a checkpoint in {out_dir / ckpt.CHECKPOINTS}."
+             f" Resume with: minitransformer train --out {out_dir} --resume")
+    distributed.teardown()
     return TrainResult(out_dir, step, best, last_val, train_time, interrupted)
+
+
+def learning_rate(cfg: TrainConfig, step: int, progress: float, model) -> float:
+    if cfg.lr_schedule == "noam":  # the paper's schedule; learning_rate is unused
+        return noam_lr(step + 1, ckpt.unwrap(model).config.n_embd, max(cfg.warmup_iters, 1))
+    return cosine_lr(step, progress, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters)
