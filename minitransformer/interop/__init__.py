@@ -1,0 +1,10 @@
+"""Interoperability with Hugging Face checkpoints: GPT-2 and BERT folders in, GPT-2 out.
+
+    from minitransformer.interop import load_hf, load_hf_tokenizer, save_hf
+    model = load_hf("path/to/all-MiniLM-L6-v2")      # an EncoderModel with BERT's weights
+"""
+
+from .hf import describe, load_hf, save_hf
+from .tokenizer import HFTokenizer, load_hf_tokenizer
+
+__all__ = ["HFTokenizer", "describe", "load_hf", "load_hf_tokenizer", "save_hf"]

@@ -1,0 +1,92 @@
+"""Load Hugging Face checkpoint folders into our models, and write our GPT as a GPT-2 folder.
+
+    load_hf("path/to/gpt2")        -> GPT            (model_type "gpt2")
+    load_hf("path/to/minilm")      -> EncoderModel   (model_type "bert")
+    save_hf(gpt, "out/")           -> config.json + model.safetensors for GPT2LMHeadModel
+
+Everything is local: a folder on disk, read without unpickling, nothing downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from ..errors import UserError
+from ..models import GPT, EncoderModel
+from ..training.checkpoint import atomic_write, atomic_write_json
+from . import bert, gpt2
+from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights
+
+SUPPORTED = ("gpt2", "bert")
+
+
+def model_type(hf_config: dict) -> str:
+    kind = hf_config.get("model_type")
+    if kind is None:  # very old files name only the class
+        arch = " ".join(hf_config.get("architectures") or [])
+        kind = "gpt2" if "GPT2" in arch else "bert" if "Bert" in arch else None
+    if kind not in SUPPORTED:
+        raise UserError(f"model_type {kind!r} is not supported; minitransformer loads "
+                        f"{' and '.join(SUPPORTED)} checkpoints")
+    return kind
+
+
+def load_hf(path, device="cpu"):
+    """Read a local Hugging Face folder (config.json + model.safetensors) into our model.
+
+    GPT-2 folders give a ``GPT``, BERT folders an ``EncoderModel``; returned in eval mode.
+    """
+    folder = hf_folder(path)
+    hf_config = read_hf_config(folder)
+    kind = model_type(hf_config)
+    weights = read_hf_weights(folder)
+    if kind == "gpt2":
+        config = gpt2.config_from_hf(hf_config)
+        model = GPT(config)
+        state = gpt2.state_from_hf(weights, config)
+    else:
+        config = bert.config_from_hf(hf_config, weights)
+        model = EncoderModel(config)
+        state = bert.state_from_hf(weights, config)
+    load_mapped(model, state, str(folder))
+    return model.to(device).eval()
+
+
+def save_hf(model, path, tokenizer=None) -> Path:
+    """Write our ``GPT`` as a folder that ``GPT2LMHeadModel.from_pretrained`` loads.
+
+    Raises ``UserError`` when the model's options have no GPT-2 equivalent (another
+    positional encoding, Post-LN, no biases, ...). ``tokenizer``: an ``HFTokenizer`` (or
+    anything with a ``tokenizers.Tokenizer`` in ``.tokenizer``) to save as tokenizer.json.
+    """
+    if not isinstance(model, GPT):
+        raise UserError(f"only a GPT can be written as GPT-2, not a {type(model).__name__}")
+    hf_config = gpt2.config_to_hf(model.config)
+    tensors = gpt2.state_to_hf(model.state_dict(), model.config)
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "model.safetensors",
+                 lambda tmp: save_file(tensors, tmp, {"format": "pt"}))
+    atomic_write_json(folder / "config.json", hf_config)
+    inner = getattr(tokenizer, "tokenizer", None)
+    if inner is not None and hasattr(inner, "to_str"):
+        text = inner.to_str()
+        atomic_write(folder / "tokenizer.json",
+                     lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    elif tokenizer is not None:
+        raise UserError(f"cannot write a {type(tokenizer).__name__} as a Hugging Face "
+                        f"tokenizer.json")
+    return folder
+
+
+def describe(model) -> str:
+    """One line about a loaded model (for the CLI)."""
+    c = model.config
+    kind = "GPT" if isinstance(model, GPT) else "encoder"
+    return (f"{kind}: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads, "
+            f"{c.n_embd} wide, context {c.block_size}, vocabulary {c.vocab_size:,}")
+
+
+__all__ = ["describe", "load_hf", "save_hf"]

@@ -1,0 +1,114 @@
+"""The tokenizer of a Hugging Face model folder, read with the ``tokenizers`` library.
+
+Looked for in this order: ``tokenizer.json`` (any model), ``vocab.json`` + ``merges.txt``
+(GPT-2's byte-level BPE), ``vocab.txt`` (BERT's WordPiece). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from ..errors import UserError
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` behind the small interface our commands use."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int | None = None):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Ids of ``text``; ``special_tokens`` adds the model's own ([CLS] ... [SEP] for BERT)."""
+        return self.tokenizer.encode(text, add_special_tokens=special_tokens).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def batch(self, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """Encode sentences with special tokens, truncated to ``max_length`` and right-padded:
+        returns (ids, attention_mask), each a list of equal-length rows."""
+        if self.max_length:  # the library's truncation keeps the special tokens
+            self.tokenizer.enable_truncation(self.max_length)
+        try:
+            rows = [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+        finally:
+            self.tokenizer.no_truncation()
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.token_to_id("[PAD]") or 0
+        ids = [r + [pad] * (width - len(r)) for r in rows]
+        mask = [[1] * len(r) + [0] * (width - len(r)) for r in rows]
+        return ids, mask
+
+
+def _gpt2_bpe(vocab: Path, merges: Path) -> Tokenizer:
+    tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _wordpiece(vocab: Path, lowercase: bool) -> Tokenizer:
+    tok = Tokenizer(models.WordPiece.from_file(str(vocab), unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls_id is not None and sep_id is not None:
+        tok.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def _max_length(folder: Path) -> int | None:
+    """sentence-transformers' max_seq_length, else tokenizer_config's model_max_length."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        try:
+            value = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and 0 < value < 1_000_000:
+            return value
+    return None
+
+
+def load_hf_tokenizer(path, max_length: int | None = None) -> HFTokenizer:
+    """The tokenizer of a local Hugging Face folder. ``max_length`` caps the encoded length
+    (default: the folder's own setting)."""
+    folder = Path(path)
+    limit = _max_length(folder)
+    if max_length is not None:
+        limit = min(limit, max_length) if limit else max_length
+    try:
+        if (folder / "tokenizer.json").exists():
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tok.no_truncation()  # we truncate ourselves, to the model's limit
+            tok.no_padding()
+        elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+            tok = _gpt2_bpe(folder / "vocab.json", folder / "merges.txt")
+        elif (folder / "vocab.txt").exists():
+            try:
+                cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                cfg = {}
+            tok = _wordpiece(folder / "vocab.txt", bool(cfg.get("do_lower_case", True)))
+        else:
+            raise UserError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json "
+                            f"+ merges.txt, or vocab.txt")
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+        raise UserError(f"cannot read the tokenizer in {folder}: {e}") from None
+    return HFTokenizer(tok, limit)

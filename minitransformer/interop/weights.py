@@ -1,0 +1,94 @@
+"""Reading a Hugging Face checkpoint folder: config.json and the weights, without unpickling.
+
+Weights come from ``model.safetensors`` (or a sharded ``model.safetensors.index.json``); an
+old ``pytorch_model.bin`` is read only through ``torch.load(weights_only=True)``, which
+refuses anything but tensors and plain containers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from ..errors import UserError
+
+
+def hf_folder(path) -> Path:
+    """The folder, checked to exist and to hold a config.json."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"no such Hugging Face model folder: {folder}")
+    if not (folder / "config.json").exists():
+        raise UserError(f"{folder} is not a Hugging Face model folder: config.json is missing")
+    return folder
+
+
+def read_hf_config(folder: Path) -> dict:
+    try:
+        with open(folder / "config.json", encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {folder / 'config.json'}: {e}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{folder / 'config.json'} is not a JSON object")
+    return config
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError, ValueError) as e:
+        raise UserError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint, converted to float32 (integer buffers kept as they are)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.exists():
+        tensors = _safetensors(single)
+    elif index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                                .values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise UserError(f"cannot read {index}: {e}") from None
+        tensors = {}
+        for shard in shards:
+            tensors.update(_safetensors(folder / shard))
+    elif (folder / "pytorch_model.bin").exists():
+        try:
+            tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu",
+                                 weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
+            raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors "
+                            f"({type(e).__name__}: {e})") from None
+        if not isinstance(tensors, dict):
+            raise UserError(f"{folder / 'pytorch_model.bin'} does not hold a state dict")
+    else:
+        raise UserError(f"{folder} holds no weights: expected model.safetensors "
+                        f"(or pytorch_model.bin)")
+    return {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
+
+
+def load_mapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Copy ``tensors`` (already renamed to our names) into ``model``; every parameter that is
+    not a tied copy must be present with the right shape."""
+    expected = model.state_dict()
+    owners = {}  # tied parameters: any one of the names sharing storage will do
+    for name, t in expected.items():
+        owners.setdefault(t.data_ptr(), []).append(name)
+    missing = [names[0] for names in owners.values()
+               if not any(n in tensors for n in names)]
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise UserError(f"{source}: the weights do not fit the model its config describes "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, t in tensors.items():
+        if t.shape != expected[name].shape:
+            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, expected "
+                            f"{tuple(expected[name].shape)}")
+    model.load_state_dict(tensors, strict=False)
