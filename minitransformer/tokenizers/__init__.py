@@ -3,6 +3,7 @@
 import json
 
 from ..errors import UserError
+from .bpe import BPETokenizer
 from .char import CharTokenizer, UnknownCharactersError
 
 
@@ -11,6 +12,8 @@ def tokenizer_from_dict(d: dict):
     kind = d.get("type") if isinstance(d, dict) else None
     if kind == "char":
         return CharTokenizer.from_dict(d)
+    if kind == "bpe":
+        return BPETokenizer.from_dict(d)
     raise UserError(f"unknown tokenizer type {kind!r} in tokenizer.json")
 
 
@@ -22,4 +25,5 @@ def load_tokenizer(path):
         raise UserError(f"cannot read the tokenizer {path}: {e}") from None
 
 
-__all__ = ["CharTokenizer", "UnknownCharactersError", "load_tokenizer", "tokenizer_from_dict"]
+__all__ = ["BPETokenizer", "CharTokenizer", "UnknownCharactersError", "load_tokenizer",
+           "tokenizer_from_dict"]
