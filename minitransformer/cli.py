@@ -25,6 +25,8 @@ from .config import (
     split_fields,
 )
 from .errors import ConfigError, UserError
+from .interop import cli as interop_cli
+from .viz import cli as viz_cli
 
 FIELD_HELP = {
     "vocab_size": "vocabulary size (set from the tokenizer when training)",
@@ -145,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     add_core_parsers(sub)
+    interop_cli.add_parsers(sub)  # embed
+    viz_cli.add_parsers(sub)  # attention, explain
     return parser
 
 
@@ -170,7 +174,9 @@ def add_core_parsers(sub) -> None:
     t.set_defaults(func=commands.cmd_train)
 
     s = sub.add_parser("sample", help="generate text from a trained model")
-    s.add_argument("dir", help="run folder (or checkpoint folder)")
+    s.add_argument("dir", nargs="?", help="run folder (or checkpoint folder)")
+    s.add_argument("--hf", metavar="PATH", default=None,
+                   help="a local Hugging Face GPT-2 folder instead of a run folder")
     s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=_positive_int, default=500)
     s.add_argument("--temperature", type=float, default=0.8,

@@ -90,6 +90,11 @@ def cmd_train(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    if getattr(args, "hf", None):
+        from .interop.cli import cmd_sample_hf
+        return cmd_sample_hf(args)
+    if not args.dir:
+        raise UserError("give a run folder to sample from (or --hf PATH)")
     device = pick_device(args.device)
     model, tokenizer, _ = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
