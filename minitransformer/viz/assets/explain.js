@@ -1,0 +1,200 @@
+// The walkthrough player. It reads the page's data from the JSON script element and builds
+// every element with createElement/textContent: no text from the data is ever parsed as HTML.
+(function () {
+  "use strict";
+  const DATA = JSON.parse(document.getElementById("explain-data").textContent);
+  const state = { step: 0, layer: DATA.layer || 0, head: DATA.head || 0, timer: null };
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function fill(text) {  // "{layer}" and "{head}" in titles (never user text) follow the selection
+    return String(text).replaceAll("{layer}", String(state.layer))
+      .replaceAll("{head}", String(state.head));
+  }
+
+  function pick(block) {
+    if (block.scope === "layer") return block.values[state.layer];
+    if (block.scope === "head") return block.values[state.layer][state.head];
+    return block.values;
+  }
+
+  function fmt(v) {
+    if (v === null) return "\u2212\u221e";
+    const a = Math.abs(v);
+    if (a !== 0 && (a >= 1000 || a < 0.001)) return v.toExponential(1);
+    return v.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : 2).replace("-", "\u2212");
+  }
+
+  function colour(v, kind, scale) {
+    if (kind === "prob") {
+      const t = Math.max(0, Math.min(1, v));
+      return [`rgb(${Math.round(255 - 208 * t)},${Math.round(255 - 160 * t)},` +
+              `${Math.round(255 - 76 * t)})`, t > 0.55];
+    }
+    const t = scale > 0 ? Math.max(-1, Math.min(1, v / scale)) : 0;
+    const r = t < 0 ? 255 + 150 * t : 255, g = 255 - 175 * Math.abs(t),
+      b = t > 0 ? 255 - 150 * t : 255;
+    return [`rgb(${Math.round(r)},${Math.round(g)},${Math.round(b)})`, Math.abs(t) > 0.7];
+  }
+
+  function matrix(block) {
+    const values = pick(block);
+    const cols = values.length ? values[0].length : 0;
+    const showNumbers = cols <= 16 && values.length <= 40;
+    let scale = 0;
+    for (const row of values) for (const v of row) if (v !== null) scale = Math.max(scale, Math.abs(v));
+    const table = el("table", {
+      id: block.id, class: "matrix" + (showNumbers ? " numbers" : ""),
+      "data-layer": state.layer, "data-head": state.head,
+      "data-rows": values.length, "data-cols": cols,
+    });
+    const colLabels = block.cols || Array.from({ length: cols }, (_, j) => String(j));
+    const head = el("thead"), hr = el("tr");
+    hr.appendChild(el("th"));
+    colLabels.forEach((c) => hr.appendChild(el("th", { scope: "col" }, c)));
+    head.appendChild(hr);
+    table.appendChild(head);
+    const body = el("tbody");
+    values.forEach((row, i) => {
+      const tr = el("tr");
+      tr.appendChild(el("th", { scope: "row" }, block.rows ? block.rows[i] : String(i)));
+      row.forEach((v, j) => {
+        const td = el("td", { "data-value": v === null ? "-Infinity" : v });
+        td.title = `${block.rows ? block.rows[i] : i} \u2192 ${colLabels[j]}: ` +
+          (v === null ? "\u2212\u221e (masked)" : String(v));
+        if (v === null) {
+          td.className = "masked";
+          if (showNumbers) td.textContent = "\u2212\u221e";
+        } else {
+          const [bg, dark] = colour(v, block.color, scale);
+          td.style.background = bg;
+          if (dark) td.style.color = "#fff";
+          if (showNumbers) td.textContent = fmt(v);
+        }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    return table;
+  }
+
+  function tokens(block) {
+    const box = el("div", { class: "tokens", id: block.id });
+    block.tokens.forEach((t, i) => {
+      const chip = el("div", { class: "token", "data-index": i, "data-token-id": block.ids[i] });
+      chip.appendChild(el("span", { class: "text" }, t));
+      chip.appendChild(el("span", { class: "id" }, `#${i} \u00b7 id ${block.ids[i]}`));
+      box.appendChild(chip);
+    });
+    return box;
+  }
+
+  function topk(block) {
+    const list = el("ol", { class: "topk", id: block.id });
+    const top = block.items.length ? block.items[0].prob : 1;
+    block.items.forEach((it) => {
+      const li = el("li", { "data-token-id": it.id, "data-prob": it.prob, "data-token": it.token });
+      li.appendChild(el("span", { class: "tok" }, it.token));
+      const bar = el("span", { class: "bar" });
+      bar.style.width = `${Math.max(2, Math.round(220 * it.prob / top))}px`;
+      li.appendChild(bar);
+      li.appendChild(el("span", { class: "num" },
+        `${(100 * it.prob).toFixed(2)}%  (logit ${it.logit.toFixed(2)}, id ${it.id})`));
+      list.appendChild(li);
+    });
+    return list;
+  }
+
+  const RENDER = { matrix, tokens, topk };
+
+  function render() {
+    const s = DATA.steps[state.step];
+    const stage = $("stage");
+    stage.replaceChildren();
+    const sec = el("section", { class: "step", id: "step", "data-step": state.step + 1,
+                               "data-step-id": s.id });
+    sec.appendChild(el("h2", { id: "step-title" }, `${state.step + 1}. ${fill(s.title)}`));
+    (s.formulas || []).forEach((f) => sec.appendChild(el("div", { class: "formula" }, f)));
+    (s.text || []).forEach((p) => sec.appendChild(el("p", {}, p)));
+    const blocks = el("div", { class: "blocks" });
+    for (const b of s.blocks || []) {
+      const card = el("div", { class: "block" });
+      if (b.title) card.appendChild(el("h3", {}, fill(b.title)));
+      card.appendChild(RENDER[b.kind](b));
+      if (b.note) card.appendChild(el("p", { class: "note" }, b.note));
+      blocks.appendChild(card);
+    }
+    sec.appendChild(blocks);
+    stage.appendChild(sec);
+    $("counter").textContent = `step ${state.step + 1} of ${DATA.steps.length}`;
+    $("prev").disabled = state.step === 0;
+    $("next").disabled = state.step === DATA.steps.length - 1;
+    document.querySelectorAll("#dots button").forEach((d, i) =>
+      d.classList.toggle("current", i === state.step));
+  }
+
+  function go(i) {
+    state.step = Math.max(0, Math.min(DATA.steps.length - 1, i));
+    render();
+  }
+
+  function stop() {
+    if (state.timer !== null) clearInterval(state.timer);
+    state.timer = null;
+    $("play").textContent = "\u25b6 Autoplay";
+    $("play").setAttribute("aria-pressed", "false");
+  }
+
+  function play() {
+    if (state.timer !== null) return stop();
+    if (state.step === DATA.steps.length - 1) go(0);
+    $("play").textContent = "\u23f8 Pause";
+    $("play").setAttribute("aria-pressed", "true");
+    state.timer = setInterval(() => {
+      if (state.step >= DATA.steps.length - 1) return stop();
+      go(state.step + 1);
+    }, DATA.autoplay_ms || 4000);
+  }
+
+  function options(select, n, names, chosen) {
+    for (let i = 0; i < n; i++) select.appendChild(el("option", { value: i }, names[i]));
+    select.value = String(chosen);
+  }
+
+  function init() {
+    $("title").textContent = DATA.title;
+    $("subtitle").textContent = DATA.subtitle || "";
+    const layers = $("layer"), heads = $("head");
+    options(layers, DATA.n_layer, DATA.layer_names ||
+      Array.from({ length: DATA.n_layer }, (_, i) => `layer ${i}`), state.layer);
+    options(heads, DATA.n_head,
+      Array.from({ length: DATA.n_head }, (_, i) => `head ${i}`), state.head);
+    if (DATA.n_layer <= 1 && DATA.n_head <= 1) $("selectors").hidden = true;
+    layers.addEventListener("change", () => { state.layer = Number(layers.value); render(); });
+    heads.addEventListener("change", () => { state.head = Number(heads.value); render(); });
+    $("prev").addEventListener("click", () => { stop(); go(state.step - 1); });
+    $("next").addEventListener("click", () => { stop(); go(state.step + 1); });
+    $("play").addEventListener("click", play);
+    DATA.steps.forEach((s, i) => {
+      const d = el("button", { type: "button", title: s.title, "data-goto": i }, String(i + 1));
+      d.addEventListener("click", () => { stop(); go(i); });
+      $("dots").appendChild(d);
+    });
+    document.addEventListener("keydown", (e) => {
+      if (e.target && e.target.tagName === "SELECT") return;
+      if (e.key === "ArrowRight") { stop(); go(state.step + 1); }
+      if (e.key === "ArrowLeft") { stop(); go(state.step - 1); }
+    });
+    go(0);
+    document.body.setAttribute("data-ready", "true");
+  }
+
+  init();
+})();

@@ -1,0 +1,99 @@
+"""The ``attention`` and ``explain`` subcommands (parsers and handlers)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
+    path = Path(out)
+    if path.suffix.lower() != suffix:
+        raise UserError(f"{flag} {out} should end in {suffix}")
+    return path
+
+
+def cmd_attention(args) -> int:
+    from ..training import checkpoint as ckpt
+    from .heatmap import save_attention_png
+    from .views import attention_views
+
+    out = _check_suffix(args.out, ".png")
+    model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, "cpu")
+    views = attention_views(model, tokenizer, meta.get("family"), args.text, args.target)
+    save_attention_png(views, out, args.layer, args.head, title=args.title)
+    shape = ", ".join(f"{v.name}: {v.n_layer} layers x {v.n_head} heads" for v in views)
+    print(f"wrote {out} ({shape})")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from .page import write_page
+
+    out = _check_suffix(args.out, ".html")
+    if args.worked_example:
+        if args.dir or args.text is not None:
+            raise UserError("--worked-example takes no checkpoint folder or --text")
+        from .worked import worked_example_doc
+
+        write_page(worked_example_doc(), out)
+        print(f"wrote {out} (the worked example)")
+        return 0
+    if not args.dir:
+        raise UserError("give a checkpoint folder (or --worked-example)")
+    if args.text is None:
+        raise UserError("give the text to walk through with --text")
+    from .explain import build_explain_doc
+
+    doc = build_explain_doc(args.dir, args.text, args.layer, args.head, args.top_k,
+                            args.which)
+    write_page(doc, out)
+    print(f"wrote {out} ({len(doc['steps'])} steps, {doc['n_layer']} layers x "
+          f"{doc['n_head']} heads); open it in a browser, no network needed")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Add ``attention`` and ``explain`` to the CLI's subparsers."""
+    a = sub.add_parser("attention", help="attention heatmaps of a checkpoint on a text (PNG)",
+                       description="Draw the attention weights of every layer and head "
+                       "(a grid: one row per layer, one column per head) for TEXT.")
+    a.add_argument("dir", help="run folder (or checkpoint folder)")
+    a.add_argument("--text", required=True, help="the text to run through the model")
+    a.add_argument("--target", default=None,
+                   help="encoder-decoder models: the decoder's text (e.g. the translation)")
+    a.add_argument("--out", required=True, help="PNG file to write")
+    a.add_argument("--layer", type=_nonneg_int, default=None, help="only this layer")
+    a.add_argument("--head", type=_nonneg_int, default=None, help="only this head")
+    a.add_argument("--title", default=None, help="a title above the grid")
+    a.add_argument("--which", choices=["best", "last"], default="best")
+    a.set_defaults(func=cmd_attention)
+
+    e = sub.add_parser("explain", help="an offline HTML walkthrough of the forward pass",
+                       description="Write one self-contained HTML page that walks through "
+                       "the model's real forward pass on TEXT in 8 steps, or the worked "
+                       "example of attention by hand (--worked-example).")
+    e.add_argument("dir", nargs="?", default=None, help="run folder (or checkpoint folder)")
+    e.add_argument("--text", default=None, help="the text to walk through")
+    e.add_argument("--out", required=True, help="HTML file to write")
+    e.add_argument("--worked-example", "--worked_example", action="store_true",
+                   help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
+    e.add_argument("--layer", type=_nonneg_int, default=0, help="layer shown first")
+    e.add_argument("--head", type=_nonneg_int, default=0, help="head shown first")
+    e.add_argument("--top-k", "--top_k", type=_nonneg_int, default=10,
+                   help="how many next-token probabilities to list")
+    e.add_argument("--which", choices=["best", "last"], default="best")
+    e.set_defaults(func=cmd_explain)
+

@@ -1,0 +1,111 @@
+"""Attention heatmaps: a grid of panels, one row per layer and one column per head.
+
+Panel (l, h) shows softmax(Q K^T / sqrt(d_k)) of head h in layer l: row i is how query token i
+spreads its attention over the key tokens (each row sums to 1). Tokens label both axes.
+An encoder-decoder adds one block of rows per kind of attention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from .fonts import font_families
+from .views import AttentionView
+
+MAX_TICKS = 48  # beyond this many tokens, label every n-th one
+
+
+def _select(n: int, chosen: int | None, what: str) -> list[int]:
+    if chosen is None:
+        return list(range(n))
+    if not 0 <= chosen < n:
+        raise UserError(f"--{what} {chosen} is out of range: the model has {n} {what}s "
+                        f"(0 .. {n - 1})")
+    return [chosen]
+
+
+def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
+    step = max(1, -(-len(labels) // MAX_TICKS))
+    pos = list(range(0, len(labels), step))
+    return pos, [labels[i] for i in pos]
+
+
+def attention_figure(views: list[AttentionView], layer: int | None = None,
+                     head: int | None = None, title: str | None = None):
+    """A matplotlib Figure with one panel per (view, layer, head).
+
+    Each panel axes has ``get_gid() == "attn:<view>:<layer>:<head>"`` so callers can find it.
+    Call inside ``plot_context`` (``save_attention_png`` does) so CJK labels have a font.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(v, layer_i) for v in views for layer_i in _select(v.n_layer, layer, "layer")]
+    heads = _select(max(v.n_head for v in views), head, "head")
+    longest = max(max(len(v.query_labels), len(v.key_labels)) for v in views)
+    side = min(max(2.6, 0.2 * min(longest, MAX_TICKS) + 1.2), 9.0)  # inches per panel
+    fig, axes = plt.subplots(len(rows), len(heads), figsize=(side * len(heads) + 1.2,
+                                                             side * len(rows) + 0.6),
+                             squeeze=False, dpi=100)
+    image = None
+    for r, (view, li) in enumerate(rows):
+        for c, hi in enumerate(heads):
+            ax = axes[r][c]
+            ax.set_gid(f"attn:{view.name}:{li}:{hi}")
+            w = view.weights[li, hi].numpy()  # (Tq, Tk)
+            image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
+                              interpolation="nearest")
+            xp, xl = _ticks(view.key_labels)
+            yp, yl = _ticks(view.query_labels)
+            ax.set_xticks(xp, xl, rotation=90 if any(len(s) > 1 for s in xl) else 0,
+                          fontsize=8)
+            ax.set_yticks(yp, yl, fontsize=8)
+            ax.tick_params(length=0)
+            ax.set_title(f"layer {li}, head {hi}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"{view.name}\nquery", fontsize=9)
+            if r == len(rows) - 1 or rows[r + 1][0] is not view:
+                ax.set_xlabel("key", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1 - 0.9 / fig.get_figwidth(), 1))
+    cax = fig.add_axes((1 - 0.7 / fig.get_figwidth(), 0.15, 0.15 / fig.get_figwidth(), 0.7))
+    fig.colorbar(image, cax=cax, label="attention weight")
+    return fig
+
+
+def figure_texts(views: list[AttentionView], title: str | None = None) -> list[str]:
+    """Every string the figure will draw (for choosing fonts)."""
+    texts = [title or ""]
+    for v in views:
+        texts += v.query_labels + v.key_labels + [v.name]
+    return texts
+
+
+def plot_context(texts):
+    """An rc_context whose font chain covers every character in ``texts``."""
+    import matplotlib.pyplot as plt
+
+    return plt.rc_context({"font.family": font_families(texts), "axes.unicode_minus": False})
+
+
+def save_attention_png(views: list[AttentionView], out, layer: int | None = None,
+                       head: int | None = None, title: str | None = None) -> Path:
+    """Draw the attention grid and write it to ``out`` (a .png path)."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    if out.parent and not out.parent.exists():
+        raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
+    with plot_context(figure_texts(views, title)):
+        fig = attention_figure(views, layer, head, title)
+        try:
+            fig.savefig(out)
+        except OSError as e:
+            raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+        finally:
+            plt.close(fig)
+    return out

@@ -1,0 +1,134 @@
+"""One self-contained HTML file: inline CSS and JavaScript, the data as embedded JSON.
+
+The page makes no network request of any kind: no CDN, no fonts, no images from elsewhere, and
+a Content-Security-Policy that forbids them, so it works offline and from an email attachment.
+The data sits in a ``<script type="application/json">`` element with ``<``, ``>`` and ``&``
+written as ``\\u003c`` etc., so no text in it (a prompt such as ``</script><script>...``) can
+end the element or be read as markup; the script builds the page with ``textContent`` only.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+from importlib import resources
+from pathlib import Path
+
+from ..errors import UserError
+from ..training.checkpoint import atomic_write
+from .fonts import cjk_webfont
+
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+       "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
+WEBFONT = "minitransformer-cjk"  # the family name of the embedded CJK subset
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{title}</title>
+<style>
+{fontface}{css}
+</style>
+</head>
+<body>
+<header><h1 id="title"></h1><p id="subtitle"></p></header>
+<nav id="toolbar" aria-label="walkthrough controls">
+  <button type="button" id="prev">&#9664; Previous</button>
+  <button type="button" id="next" class="primary">Next &#9654;</button>
+  <button type="button" id="play" aria-pressed="false">&#9654; Autoplay</button>
+  <span id="counter"></span>
+  <span id="selectors">
+    <label for="layer">layer</label> <select id="layer"></select>
+    <label for="head">head</label> <select id="head"></select>
+  </span>
+  <span id="dots"></span>
+</nav>
+<main id="stage"><noscript>This walkthrough needs JavaScript.</noscript></main>
+<script type="application/json" id="explain-data">{data}</script>
+<script>
+{js}
+</script>
+</body>
+</html>
+"""
+
+
+def _asset(name: str) -> str:
+    return resources.files("minitransformer.viz").joinpath("assets", name).read_text("utf-8")
+
+
+def _finite(obj):
+    """Replace non-finite floats by None (JSON has no infinity; the page shows None as -inf)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def embed_json(data) -> str:
+    """JSON that is safe inside a <script> element: <, >, &, U+2028, U+2029 escaped."""
+    text = json.dumps(_finite(data), ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":"))
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def font_face(doc: dict) -> str:
+    """An @font-face rule embedding the CJK characters the page shows, or ''."""
+    font = cjk_webfont("".join(_strings(doc)))
+    if font is None:
+        return ""
+    data = base64.b64encode(font).decode("ascii")
+    return (f"@font-face {{ font-family: \"{WEBFONT}\"; "
+            f"src: url(data:font/woff;base64,{data}) format(\"woff\"); }}\n")
+
+
+def render_page(doc: dict) -> str:
+    """The HTML text of a walkthrough described by ``doc`` (title, steps, blocks)."""
+    return TEMPLATE.format(csp=CSP, title=html.escape(doc.get("title", "walkthrough")),
+                           fontface=font_face(doc), css=_asset("explain.css"),
+                           js=_asset("explain.js"), data=embed_json(doc))
+
+
+def write_page(doc: dict, out) -> Path:
+    """Write the page atomically to ``out``."""
+    out = Path(out)
+    if not out.parent.exists():
+        raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
+    text = render_page(doc)
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    try:
+        atomic_write(out, write)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(out, 0o644 & ~umask)  # a page to share, not a private temporary file
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    return out
