@@ -1,0 +1,205 @@
+"""Attention against hand-computed values and against PyTorch's own implementations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minitransformer.nn import (
+    ALiBi,
+    KVCache,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+
+D, NH = 16, 4
+
+
+def test_worked_example_by_hand():
+    """Q = K = I, V = [[10, 20], [30, 40]], d_k = 2: the tutorial's numbers."""
+    q = torch.eye(2, dtype=torch.float64)
+    v = torch.tensor([[10.0, 20.0], [30.0, 40.0]], dtype=torch.float64)
+    out, weights = scaled_dot_product_attention(q, q.clone(), v)
+    # Scores are I / sqrt(2): each row is [1/sqrt2, 0] (or its mirror), so the softmax gives
+    # w = e^(1/sqrt2) / (e^(1/sqrt2) + e^0) on the diagonal and 1 - w off it.
+    e = math.exp(1 / math.sqrt(2))
+    w = e / (e + 1.0)
+    assert w == pytest.approx(0.67, abs=1e-3)
+    expected_w = torch.tensor([[w, 1 - w], [1 - w, w]], dtype=torch.float64)
+    expected_out = torch.tensor([[10 * w + 30 * (1 - w), 20 * w + 40 * (1 - w)],
+                                 [10 * (1 - w) + 30 * w, 20 * (1 - w) + 40 * w]],
+                                dtype=torch.float64)
+    torch.testing.assert_close(weights, expected_w, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, expected_out, rtol=0, atol=1e-10)
+    # The rounded values the tutorial prints.
+    torch.testing.assert_close(out, torch.tensor([[16.6, 26.6], [23.4, 33.4]],
+                                                 dtype=torch.float64), rtol=0, atol=0.05)
+
+
+def test_masked_keys_get_zero_weight():
+    q, k, v = (torch.randn(1, 3, 4) for _ in range(3))
+    mask = torch.tensor([[True, False, True]])  # nobody may look at key 1
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.all(weights[..., 1] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 3))
+
+
+def _mask_cases(b, t):
+    lengths = torch.tensor([t, t - 2, 1])[:b]
+    return {
+        "none": None,
+        "causal": causal_mask(t),
+        "padding": padding_mask(lengths, t),  # (B, 1, 1, T)
+        "causal+padding": causal_mask(t) & padding_mask(lengths, t),
+    }
+
+
+@pytest.mark.parametrize("case", ["none", "causal", "padding", "causal+padding"])
+def test_reference_equals_torch_sdpa_forward_and_backward(case):
+    b, nh, t, hs = 3, 2, 6, 8
+    mask = _mask_cases(b, t)[case]
+    q, k, v = (torch.randn(b, nh, t, hs, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    ours, _ = scaled_dot_product_attention(q, k, v, mask)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+    upstream = torch.randn_like(ours)
+    g_ours = torch.autograd.grad(ours, (q, k, v), upstream)
+    g_theirs = torch.autograd.grad(theirs, (q, k, v), upstream)
+    for a, b_ in zip(g_ours, g_theirs, strict=True):
+        torch.testing.assert_close(a, b_, rtol=1e-10, atol=1e-10)
+
+
+def test_reference_equals_torch_sdpa_cross_lengths_and_bias():
+    q = torch.randn(2, 3, 4, 8, dtype=torch.float64, requires_grad=True)  # Tq = 4
+    k = torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True)  # Tk = 7
+    v = torch.randn(2, 3, 7, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, 4, 7, dtype=torch.float64)  # an additive score bias, as ALiBi's
+    ours, _ = scaled_dot_product_attention(q, k, v, bias=bias)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(ours, theirs)
+    g1 = torch.autograd.grad(ours.sum(), (q, k, v))
+    g2 = torch.autograd.grad(theirs.sum(), (q, k, v))
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# ---- MultiHeadAttention: fast path == reference path ------------------------------------
+
+def _pair(**kwargs):
+    """The same weights behind a reference-path and a fast-path MultiHeadAttention."""
+    ref = MultiHeadAttention(D, NH, attn_impl="reference", **kwargs).double().eval()
+    fast = MultiHeadAttention(D, NH, attn_impl="fast", **kwargs).double().eval()
+    fast.load_state_dict(ref.state_dict())
+    return ref, fast
+
+
+POSITIONS = {
+    "none": {},
+    "rope": {"rope": RotaryEmbedding(D // NH)},
+    "alibi": {"alibi": ALiBi(NH)},
+}
+
+
+@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_fast_path_equals_reference(pos, causal, padded):
+    ref, fast = _pair(causal=causal, **POSITIONS[pos])
+    x = torch.randn(2, 7, D, dtype=torch.float64, requires_grad=True)
+    mask = padding_mask(torch.tensor([7, 4]), 7) if padded else None
+    y_ref, w = ref(x, mask=mask)
+    y_fast, none = fast(x, mask=mask)
+    assert none is None and w is not None
+    torch.testing.assert_close(y_fast, y_ref)
+    g_ref = torch.autograd.grad(y_ref.sum(), x)[0]
+    g_fast = torch.autograd.grad(y_fast.sum(), x)[0]
+    torch.testing.assert_close(g_fast, g_ref)
+    # need_weights always takes the reference path, whatever attn_impl says.
+    _, w_fast = fast(x, mask=mask, need_weights=True)
+    torch.testing.assert_close(w_fast, w)
+
+
+def test_fast_path_equals_reference_cross_attention():
+    ref, fast = _pair()
+    x, ctx = torch.randn(2, 3, D, dtype=torch.float64), torch.randn(2, 6, D, dtype=torch.float64)
+    mask = padding_mask(torch.tensor([6, 2]), 6)
+    torch.testing.assert_close(fast(x, ctx, mask=mask)[0], ref(x, ctx, mask=mask)[0])
+
+
+@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_kv_cache_equals_full_causal_pass(pos, impl):
+    """Prefill 3 positions, then 2 at once, then one at a time: same as the whole sequence."""
+    ref, fast = _pair(causal=True, **POSITIONS[pos])
+    mha = ref if impl == "reference" else fast
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    full, _ = ref(x)
+    cache = KVCache()
+    pieces, start = [], 0
+    for n in (3, 2, 1, 1, 1, 1):
+        y, _ = mha(x[:, start:start + n], cache=cache)
+        pieces.append(y)
+        start += n
+    assert cache.length == 9
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full)
+
+
+def test_kv_cache_grows_past_its_first_allocation():
+    cache = KVCache()
+    ks = torch.randn(1, 2, 150, 4)
+    for i in range(150):
+        k, v = cache.update(ks[:, :, i:i + 1], -ks[:, :, i:i + 1])
+    torch.testing.assert_close(k, ks)
+    torch.testing.assert_close(v, -ks)
+
+
+# ---- MultiHeadAttention == torch.nn.MultiheadAttention with the same weights ------------
+
+def _torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
+    theirs = nn.MultiheadAttention(D, NH, batch_first=True).double().eval()
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat(
+            [ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.in_proj_bias.copy_(torch.cat(
+            [ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    return theirs
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_equals_torch_multihead_attention(impl, kind):
+    ours = MultiHeadAttention(D, NH, attn_impl=impl).double().eval()
+    theirs = _torch_mha(ours)
+    x = torch.randn(3, 5, D, dtype=torch.float64)
+    ctx = x if kind == "self" else torch.randn(3, 8, D, dtype=torch.float64)
+    lengths = torch.tensor([ctx.shape[1], 3, 1])
+    keep = padding_mask(lengths, ctx.shape[1])  # (B, 1, 1, Tk), True = may attend
+    y_ours, _ = ours(x, None if kind == "self" else ctx, mask=keep)
+    y_theirs, w_theirs = theirs(x, ctx, ctx, key_padding_mask=~keep[:, 0, 0, :],
+                                need_weights=True, average_attn_weights=True)
+    torch.testing.assert_close(y_ours, y_theirs)
+    _, w_ours = ours(x, None if kind == "self" else ctx, mask=keep, need_weights=True)
+    torch.testing.assert_close(w_ours.mean(dim=1), w_theirs)  # heads averaged: (B, Tq, Tk)
+
+
+def test_causal_equals_torch_multihead_attention_with_attn_mask():
+    ours = MultiHeadAttention(D, NH, causal=True).double().eval()
+    theirs = _torch_mha(ours)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    y_theirs, _ = theirs(x, x, x, attn_mask=~causal_mask(6), need_weights=False)
+    torch.testing.assert_close(ours(x)[0], y_theirs)
+
+
+def test_rejects_width_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(10, 3)

@@ -1,0 +1,148 @@
+"""The command line end to end on a tiny corpus, and its answers to user errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from minitransformer import cli
+from minitransformer.tokenizers import load_tokenizer
+
+PROMPT = "the "
+
+
+def _assert_user_error(code: int, stderr: str, *words: str) -> None:
+    """Exit code 2, a short message naming the problem, no traceback."""
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert "error:" in stderr
+    assert len(stderr.strip().splitlines()) <= 3, stderr
+    for word in words:
+        assert word in stderr, (word, stderr)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, run_cli, tiny_text):
+    """Train the debug preset for 30 steps on a few KB of text, in a fresh interpreter."""
+    root = tmp_path_factory.mktemp("cli")
+    corpus = root / "tiny.txt"
+    corpus.write_text(tiny_text, encoding="utf-8")
+    proc = run_cli("train", "--data", corpus, "--out", root / "run", "--preset", "debug",
+                   "--max_iters", "30", "--eval_interval", "15", "--quiet")
+    return root / "run", proc
+
+
+def test_train_end_to_end(tiny_run, tiny_text):
+    run, proc = tiny_run
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "done: 30 steps" in proc.stdout
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "log.csv", "loss.png"):
+        assert (run / name).is_file(), name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_0000015", "step_0000030"]
+    assert load_tokenizer(run / "tokenizer.json").chars == sorted(set(tiny_text))
+
+
+def test_sample_end_to_end(tiny_run, run_cli, capsys, tiny_text):
+    run, _ = tiny_run
+    proc = run_cli("sample", run, "--prompt", PROMPT, "--seed", "1", "--max-new-tokens", "40")
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith(PROMPT) and text.endswith("\n")
+    assert len(text) == len(PROMPT) + 40 + 1
+    assert set(text) <= set(tiny_text)
+    # The same seed in another process gives the same text; another seed, another text.
+    assert cli.main(["sample", str(run), "--prompt", PROMPT, "--seed", "1",
+                     "--max-new-tokens", "40"]) == 0
+    assert capsys.readouterr().out == text
+    assert cli.main(["sample", str(run), "--prompt", PROMPT, "--seed", "2",
+                     "--max-new-tokens", "40"]) == 0
+    assert capsys.readouterr().out != text
+
+
+def test_greedy_sample_equals_top_k_one_and_no_cache(tiny_run, capsys):
+    run, _ = tiny_run
+    outs = []
+    for extra in (["--temperature", "0"], ["--top-k", "1", "--seed", "3"],
+                  ["--temperature", "0", "--no-cache"]):
+        assert cli.main(["sample", str(run), "--prompt", PROMPT, "--max-new-tokens", "50",
+                         *extra]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_evaluate(tiny_run, capsys):
+    run, _ = tiny_run
+    assert cli.main(["evaluate", str(run), "--eval-iters", "5"]) == 0
+    out = capsys.readouterr().out
+    loss = float(out.split("val loss")[1].split()[0])
+    assert 0.5 < loss < 4.0  # trained a little: better than uniform over ~40 characters
+    assert "perplexity" in out
+
+
+# ---- user errors: exit 2, one short line, no traceback ----------------------------------
+
+def test_unknown_flag(run_cli, tmp_path):
+    proc = run_cli("train", "--out", tmp_path / "x", "--n_layers", "2")
+    _assert_user_error(proc.returncode, proc.stderr, "--n_layers")
+
+
+def test_missing_corpus_file(run_cli, tmp_path):
+    proc = run_cli("train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "x")
+    _assert_user_error(proc.returncode, proc.stderr, "no such file", "nope.txt")
+
+
+def _main(capsys, *argv) -> tuple[int, str]:
+    code = cli.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def test_empty_corpus(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n", encoding="utf-8")
+    code, err = _main(capsys, "train", "--data", empty, "--out", tmp_path / "x",
+                      "--preset", "debug")
+    _assert_user_error(code, err, "empty")
+
+
+def test_corpus_shorter_than_a_window(tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("a short text that cannot fill a window of 33 tokens in validation",
+                     encoding="utf-8")
+    code, err = _main(capsys, "train", "--data", short, "--out", tmp_path / "x",
+                      "--preset", "debug")
+    _assert_user_error(code, err, "too short", "block_size")
+    assert not (tmp_path / "x").exists()
+
+
+def test_n_embd_not_divisible_by_n_head(tiny_corpus, tmp_path, capsys):
+    code, err = _main(capsys, "train", "--data", tiny_corpus, "--out", tmp_path / "x",
+                      "--preset", "debug", "--n_embd", "30", "--n_head", "4")
+    _assert_user_error(code, err, "divisible")
+
+
+def test_unknown_prompt_character(tiny_run, capsys):
+    run, _ = tiny_run
+    code, err = _main(capsys, "sample", run, "--prompt", "从前有座山")
+    _assert_user_error(code, err, "'从'")
+
+
+def test_missing_checkpoint_folder(tmp_path, capsys):
+    code, err = _main(capsys, "sample", tmp_path / "no-run", "--prompt", "a")
+    _assert_user_error(code, err, "no such checkpoint folder")
+    code, err = _main(capsys, "evaluate", tmp_path / "no-run")
+    _assert_user_error(code, err, "no such checkpoint folder")
+
+
+def test_bad_sampling_values(tiny_run, capsys):
+    run, _ = tiny_run
+    code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--top-p", "1.5")
+    _assert_user_error(code, err, "--top-p")
+    code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--temperature", "-1")
+    _assert_user_error(code, err, "--temperature")
+
+
+def test_existing_run_needs_resume_or_force(tiny_run, tiny_corpus, capsys):
+    run, _ = tiny_run
+    code, err = _main(capsys, "train", "--data", tiny_corpus, "--out", run, "--preset", "debug")
+    _assert_user_error(code, err, "--resume", "--force")

@@ -1,0 +1,130 @@
+"""Training: it learns, weight decay reaches matrices only, checkpoints load, resume is exact."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minitransformer import cli, commands
+from minitransformer.config import GPTConfig
+from minitransformer.models import GPT
+from minitransformer.training import checkpoint as ckpt
+from minitransformer.training.optim import param_groups
+
+
+def _train(out, *flags: str) -> None:
+    assert cli.main(["train", "--preset", "debug", "--out", str(out), "--quiet", *flags]) == 0
+
+
+def _log(run) -> list[dict]:
+    with open(run / "log.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_debug_preset_learns_shakespeare(tmp_path, capsys):
+    """200 steps of the debug preset take the val loss from ~ln(65) = 4.17 below 2.6 nats."""
+    _train(tmp_path / "run", "--data", "shakespeare", "--max_iters", "200",
+           "--sample_tokens", "0")
+    val = [(int(r["step"]), float(r["val_loss"])) for r in _log(tmp_path / "run") if r["val_loss"]]
+    assert val[0][0] == 0 and val[0][1] > 3.9  # untrained: close to uniform over 65 chars
+    assert val[-1][0] == 200 and val[-1][1] < 2.6
+    meta = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))
+    assert meta["best_val_loss"] == pytest.approx(min(v for s, v in val if s > 0), abs=1e-4)
+    assert "done: 200 steps" in capsys.readouterr().out
+
+
+# ---- weight decay -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_weight_decay_reaches_matrices_only(pos):
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8,
+                          pos_encoding=pos))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}  # tied weight listed once
+    decayed = {names[id(p)] for p in decay["params"]}
+    not_decayed = {names[id(p)] for p in no_decay["params"]}
+    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.out_proj.weight", "ffn.fc.weight", "ffn.proj.weight"]
+    expected = {"tok_emb.weight"} | {f"decoder.layers.{i}.{n}" for i in range(2)
+                                     for n in per_layer}
+    assert decayed == expected  # lm_head.weight is tok_emb.weight: once, in the decayed group
+    assert not_decayed == set(names.values()) - expected
+    assert all(n.endswith(".bias") or "norm" in n or n == "pos_emb.weight"
+               for n in not_decayed)
+    if pos == "learned":
+        assert "pos_emb.weight" in not_decayed
+    count = len(decay["params"]) + len(no_decay["params"])
+    assert count == len(list(model.parameters()))
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params()
+
+
+# ---- checkpoints and resume -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run40(tmp_path_factory):
+    """A 40-step debug run (eval every 20) and the model object the trainer held."""
+    out = tmp_path_factory.mktemp("run40")
+    held = {}
+    real_train = commands.train
+
+    def spy(model, *args, **kwargs):
+        held["model"] = model
+        return real_train(model, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(commands, "train", spy)
+        _train(out, "--max_iters", "40", "--eval_interval", "20")
+    return out, held["model"]
+
+
+def test_checkpoint_round_trip_gives_identical_logits(run40):
+    out, model = run40
+    model.eval()
+    idx = torch.randint(0, model.config.vocab_size, (2, model.config.block_size))
+    with torch.no_grad():
+        expected, _ = model(idx)
+    loaded, tokenizer = ckpt.load_checkpoint(out, which="last")
+    assert loaded.config == model.config
+    assert tokenizer.vocab_size == model.config.vocab_size
+    with torch.no_grad():
+        got, _ = loaded(idx)
+    assert torch.equal(got, expected)
+    assert loaded.lm_head.weight is loaded.tok_emb.weight  # tying survives the round trip
+    # The run folder's top level holds the best model; checkpoints/ the last ones.
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_0000020", "step_0000040"]
+    best, _ = ckpt.load_checkpoint(out)
+    meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    src = out / "checkpoints" / f"step_{meta['step']:07d}" / "model.safetensors"
+    for name, tensor in load_file(src).items():
+        assert torch.equal(best.state_dict()[name], tensor)
+
+
+def test_resumed_run_follows_the_uninterrupted_one(run40, tmp_path):
+    full, _ = run40
+    part = tmp_path / "part"
+    _train(part, "--max_iters", "20", "--eval_interval", "20")
+    assert [p.name for p in ckpt.list_checkpoints(part)] == ["step_0000020"]
+    assert cli.main(["train", "--out", str(part), "--resume", "--max_iters", "40",
+                     "--quiet"]) == 0
+
+    def curve(run):
+        return [(r["step"], r["train_loss"], r["val_loss"], r["lr"], r["grad_norm"])
+                for r in _log(run)]
+
+    assert curve(part) == curve(full)
+    assert any(r["train_loss"] for r in _log(part) if int(r["step"]) > 20)
+    a = load_file(full / "checkpoints" / "step_0000040" / "model.safetensors")
+    b = load_file(part / "checkpoints" / "step_0000040" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    sa = load_file(full / "checkpoints" / "step_0000040" / "trainer_state.safetensors")
+    sb = load_file(part / "checkpoints" / "step_0000040" / "trainer_state.safetensors")
+    for name in sa:
+        if name.startswith("optim."):
+            assert torch.equal(sa[name], sb[name]), name
