@@ -130,6 +130,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         if "unrecognized arguments" in message:
             known = [s for a in self._actions for s in a.option_strings]
+            for a in self._actions:  # flags of the subcommands too
+                for sub in (getattr(a, "choices", None) or {}).values():
+                    if isinstance(sub, argparse.ArgumentParser):
+                        known += [s for b in sub._actions for s in b.option_strings]
             words = message.split(":", 1)[1].split()
             hints = [difflib.get_close_matches(w.split("=")[0], known, n=1) for w in words]
             hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints) if h]
@@ -155,14 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
 def add_core_parsers(sub) -> None:
     """train, sample, evaluate. Other modules add their subcommands beside these, each
     parser naming its handler with ``set_defaults(func=...)``."""
-    from . import commands
+    from . import commands, commands_encoder
 
     t = sub.add_parser("train", help="train a model on a corpus",
+                       usage="minitransformer train --data CORPUS --out DIR [--preset NAME] "
+                             "[--FIELD VALUE ...]",
                        description="Train a model. Any config field is a flag: --n_layer 4 ...")
     t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings) or a "
                    "path (default shakespeare; on --resume, the run's own corpus)")
     t.add_argument("--out", required=True, help="run folder to write")
-    t.add_argument("--model", default="gpt", choices=["gpt"], help="model family")
+    t.add_argument("--model", default="gpt", choices=["gpt", "encoder"], help="model family")
     t.add_argument("--preset", default=None,
                    help=f"named settings (gpt: {', '.join(PRESETS['gpt'])}; default cpu-small)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -171,6 +177,7 @@ def add_core_parsers(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_flags(t, GPTConfig, "model (GPTConfig)")
     add_config_flags(t, TrainConfig, "training (TrainConfig)")
+    commands_encoder.add_train_flags(t)  # --tokenizer, encoder-only fields
     t.set_defaults(func=commands.cmd_train)
 
     s = sub.add_parser("sample", help="generate text from a trained model")
@@ -206,11 +213,18 @@ def add_core_parsers(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed usage + error (code 2) or help (code 0)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return args.func(args) or 0
     except UserError as e:
         print(f"minitransformer: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("minitransformer: error: out of memory: the model or batch is too large for "
+              "this machine; try smaller sizes", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("minitransformer: interrupted", file=sys.stderr)

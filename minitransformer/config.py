@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass, fields
@@ -26,7 +27,15 @@ def _check_literals(cfg) -> None:
                               f"got {getattr(cfg, f.name)!r}")
 
 
+def _check_finite(cfg) -> None:
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{f.name} must be a finite number, got {value}")
+
+
 def _check_positive(cfg, *names: str) -> None:
+    _check_finite(cfg)
     for name in names:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -117,6 +126,68 @@ class EncoderConfig:
 
 
 @dataclass
+class Seq2SeqConfig:
+    """The paper's encoder-decoder; the defaults are its Transformer base (section 3, 5.4).
+
+    One joint source/target vocabulary: a single embedding serves both sides and, with
+    ``tie_weights``, the output layer too (section 3.4). ``block_size`` is the longest
+    sentence in tokens the position table is sized for (sinusoidal positions extend past it).
+    """
+
+    vocab_size: int = 8000
+    block_size: int = 256  # longest source or target sentence, in tokens
+    n_layer: int = 6  # layers in each stack, unless n_encoder_layer / n_decoder_layer say
+    n_encoder_layer: int | None = None
+    n_decoder_layer: int | None = None
+    n_head: int = 8
+    n_embd: int = 512  # d_model
+    d_ff: int | None = None  # None = 4 * n_embd (2048 in the paper)
+    dropout: float = 0.1
+    bias: bool = True
+    pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
+    norm_position: Literal["pre", "post"] = "post"
+    activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"
+    attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    init: Literal["gpt2", "xavier"] = "xavier"
+    tie_weights: bool = True
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (section 3.4)
+    label_smoothing: float = 0.1  # epsilon_ls (section 5.4)
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_encoder_layer",
+                        "n_decoder_layer", "n_head", "n_embd", "d_ff", "layer_norm_eps")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
+                              f"({self.n_head})")
+        for name in ("dropout", "label_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        _check_literals(self)
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError("rope needs an even head size (n_embd / n_head)")
+        ids = (self.pad_id, self.bos_id, self.eos_id)
+        if len(set(ids)) < 3 or not all(0 <= i < self.vocab_size for i in ids):
+            raise ConfigError(f"pad_id, bos_id and eos_id must be distinct ids below "
+                              f"vocab_size ({self.vocab_size}); got {ids}")
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff or 4 * self.n_embd
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_encoder_layer or self.n_layer
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layer or self.n_layer
+
+
+@dataclass
 class TrainConfig:
     """The training loop's settings; names as in nanoGPT's train.py."""
 
@@ -188,6 +259,47 @@ PRESETS: dict[str, dict[str, dict]] = {
                           norm_position="pre", batch_size=8, learning_rate=6e-4,
                           min_lr=6e-5, warmup_iters=2000, max_iters=600_000,
                           weight_decay=0.1, beta2=0.95),
+    },
+    # The bidirectional encoder, trained as a masked language model (BERT's task #1).
+    "encoder": {
+        # Seconds: for tests and a first look.
+        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=32,
+                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=2e-3,
+                      min_lr=2e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=64),
+        # About two minutes of training on 2 CPU cores.
+        "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16,
+                          max_iters=100_000, time_budget=120.0, eval_interval=500,
+                          eval_iters=50, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
+                          weight_decay=0.01, beta2=0.999, sample_tokens=96),
+        # BERT-base (Devlin et al. 2019, appendix A.2): 12 layers, 768 wide, 12 heads,
+        # sequences of 512, dropout 0.1, Adam lr 1e-4 with 10,000 warmup steps, decay 0.01.
+        "bert-base": dict(n_layer=12, n_head=12, n_embd=768, d_ff=3072, block_size=512,
+                          type_vocab_size=2, dropout=0.1, batch_size=256, max_iters=1_000_000,
+                          learning_rate=1e-4, min_lr=0.0, warmup_iters=10_000,
+                          weight_decay=0.01, beta1=0.9, beta2=0.999, eval_interval=2000),
+    },
+    # The encoder-decoder. batch_tokens / train_max_len belong to parallel.ParallelDataConfig.
+    "seq2seq": {
+        # Seconds: for tests and a first look (it will not translate well).
+        "debug": dict(n_layer=2, n_head=2, n_embd=64, d_ff=128, vocab_size=1000, dropout=0.1,
+                      batch_size=64, batch_tokens=1024, train_max_len=48, max_iters=100,
+                      eval_interval=50, eval_iters=5, learning_rate=2e-3, min_lr=2e-4,
+                      warmup_iters=20, weight_decay=0.0, beta2=0.98, sample_tokens=40),
+        # 15 minutes of training on 2 CPU cores.
+        "cpu-small": dict(n_layer=3, n_head=4, n_embd=256, d_ff=1024, vocab_size=4000,
+                          dropout=0.1, batch_size=256, batch_tokens=3000, train_max_len=80,
+                          max_iters=1_000_000, time_budget=900.0, eval_interval=500,
+                          eval_iters=20, learning_rate=1e-3, min_lr=5e-5, warmup_iters=300,
+                          weight_decay=0.0, beta1=0.9, beta2=0.98, grad_clip=1.0,
+                          sample_tokens=60),
+        # The paper's base model (sections 5.1-5.4): 6+6 layers, d_model 512, 8 heads,
+        # d_ff 2048, dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98), the noam schedule
+        # with 4000 warmup steps, about 25,000 source + 25,000 target tokens per step.
+        "base": dict(n_layer=6, n_head=8, n_embd=512, d_ff=2048, vocab_size=8000,
+                     dropout=0.1, label_smoothing=0.1, batch_size=1024, batch_tokens=25000,
+                     train_max_len=128, lr_schedule="noam", warmup_iters=4000,
+                     max_iters=100_000, eval_interval=1000, eval_iters=50, beta1=0.9,
+                     beta2=0.98, weight_decay=0.0, grad_clip=0.0, sample_tokens=80),
     },
 }
 

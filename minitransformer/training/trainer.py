@@ -132,6 +132,8 @@ def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
     if resume:
         if not ckpt.list_checkpoints(out_dir):
             raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
+        for stale in (out_dir / ckpt.CHECKPOINTS).glob(".tmp-*"):  # a save cut short
+            shutil.rmtree(stale, ignore_errors=True)
         return
     if has_run and not force:
         raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it "
