@@ -1,0 +1,210 @@
+"""The walkthrough's numbers: the traced forward pass against an independent recomputation
+from the raw weights, the page description, safe JSON embedding, the worked example, and the
+`explain` command's errors. (The page itself is tested in a real browser in
+test_explain_browser.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitransformer.cli import main
+from minitransformer.config import GPTConfig
+from minitransformer.models import GPT
+from minitransformer.tokenizers import CharTokenizer
+from minitransformer.training.checkpoint import write_model_files
+from minitransformer.viz.page import embed_json, render_page
+from minitransformer.viz.trace import trace_gpt
+from minitransformer.viz.walkthrough import walkthrough_doc
+from minitransformer.viz.worked import worked_example_doc, worked_numbers
+
+TEXT = "to be or not"
+CONFIGS = [("pre", "learned"), ("post", "sinusoidal"), ("pre", "rope"), ("post", "alibi"),
+           ("pre", "none")]
+
+
+def build(norm: str, pos: str, n_head: int = 2):
+    tokenizer = CharTokenizer.fit("abcdefghijklmnopqrstuvwxyz .,\n")
+    torch.manual_seed(1)
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=n_head,
+                    n_embd=16, norm_position=norm, pos_encoding=pos)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    return model, tokenizer
+
+
+def reference_layer0(model, ids: list[int]):
+    """Layer 0's Q, K, scores and attention weights, computed from the state dict alone with
+    the formulas written out (no model code): embeddings, LayerNorm, projections, RoPE as a
+    complex rotation, ALiBi slopes 2^(-8h/n), causal mask, softmax."""
+    sd, c = model.state_dict(), model.config
+    t, nh, hs = len(ids), c.n_head, c.n_embd // c.n_head
+    x = sd["tok_emb.weight"][ids]  # (T, C)
+    if c.pos_encoding == "learned":
+        x = x + sd["pos_emb.weight"][:t]
+    elif c.pos_encoding == "sinusoidal":
+        pe = torch.zeros(t, c.n_embd)
+        for pos in range(t):
+            for i in range(0, c.n_embd, 2):
+                pe[pos, i] = math.sin(pos / 10000 ** (i / c.n_embd))
+                pe[pos, i + 1] = math.cos(pos / 10000 ** (i / c.n_embd))
+        x = x + pe
+    p = "decoder.layers.0."
+    h = x
+    if c.norm_position == "pre":
+        h = F.layer_norm(x, (c.n_embd,), sd[p + "res_self.norm.weight"],
+                         sd[p + "res_self.norm.bias"])
+
+    def proj(name):
+        y = h @ sd[p + f"self_attn.{name}.weight"].T + sd[p + f"self_attn.{name}.bias"]
+        return y.view(t, nh, hs).transpose(0, 1)  # (nh, T, hs)
+
+    q, k = proj("q_proj"), proj("k_proj")
+    if c.pos_encoding == "rope":
+        theta = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+        rot = torch.polar(torch.ones(t, hs // 2, dtype=torch.float64),
+                          torch.arange(t, dtype=torch.float64)[:, None] * theta)
+
+        def rotate(z):
+            zc = torch.complex(z[..., : hs // 2].double(), z[..., hs // 2:].double()) * rot
+            return torch.cat([zc.real, zc.imag], -1).float()
+
+        q, k = rotate(q), rotate(k)
+    scores = q @ k.transpose(1, 2) / math.sqrt(hs)  # (nh, T, T)
+    if c.pos_encoding == "alibi":
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / nh) for i in range(nh)])
+        dist = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs()
+        scores = scores - slopes[:, None, None] * dist
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    weights = scores.masked_fill(future, float("-inf")).softmax(-1)
+    return q, k, scores, weights
+
+
+@pytest.mark.parametrize("norm, pos", CONFIGS)
+def test_trace_matches_an_independent_recomputation(norm, pos):
+    model, tokenizer = build(norm, pos)
+    ids = tokenizer.encode(TEXT)
+    trace = trace_gpt(model, tokenizer, TEXT)
+    q, k, scores, weights = reference_layer0(model, ids)
+    a = trace.layers[0].attn
+    torch.testing.assert_close(a.q, q, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a.k, k, atol=1e-5, rtol=1e-4)
+    future = torch.ones(len(ids), len(ids), dtype=torch.bool).triu(1)
+    torch.testing.assert_close(a.scores.masked_fill(future, 0), scores.masked_fill(future, 0),
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a.weights, weights, atol=1e-6, rtol=1e-5)
+    assert torch.isinf(a.masked[:, future]).all() and (a.weights[:, future] == 0).all()
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+    torch.testing.assert_close(trace.logits, logits[0])
+    top = trace.top_k(tokenizer, 5)
+    ref = torch.softmax(logits[0, -1].double(), -1).topk(5)
+    assert [i for i, _, _ in top] == ref.indices.tolist()
+    assert [p for _, _, p in top] == pytest.approx(ref.values.tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("norm, pos", CONFIGS)
+def test_walkthrough_has_eight_steps_of_the_models_numbers(norm, pos):
+    model, tokenizer = build(norm, pos)
+    trace = trace_gpt(model, tokenizer, TEXT)
+    doc = walkthrough_doc(trace, tokenizer, model.config, layer=1, head=1)
+    assert [s["id"] for s in doc["steps"]] == ["tokenize", "embed", "positions", "qkv",
+                                               "attention", "residual", "ffn", "output"]
+    blocks = {b["id"]: b for s in doc["steps"] for b in s["blocks"]}
+    shown = torch.tensor(blocks["attn-weights"]["values"][1][0])
+    torch.testing.assert_close(shown, trace.layers[1].attn.weights[0], atol=1e-6, rtol=1e-5)
+    assert blocks["tokens"]["ids"] == tokenizer.encode(TEXT)
+    assert ("q-raw" in blocks) == (pos == "rope")
+    assert ("alibi-bias" in blocks) == (pos == "alibi")
+    assert ("positions" in blocks) == (pos in ("learned", "sinusoidal"))
+    residual = " ".join(doc["steps"][5]["formulas"])
+    assert ("LN\u2081(x + MultiHead(x))" in residual) == (norm == "post")
+    json.loads(embed_json(doc))  # serialisable, masked scores included
+
+
+def test_embedded_json_cannot_break_out_of_its_script_element():
+    nasty = {"t": "</script><script>alert(1)</script> & <!-- \u2028\u2029 '\"",
+             "v": [float("-inf"), 1.5]}
+    text = embed_json(nasty)
+    assert not set("<>&\u2028\u2029") & set(text)
+    back = json.loads(text)
+    assert back["t"] == nasty["t"] and back["v"] == [None, 1.5]
+    page = render_page({"title": "<b>x</b>", "steps": [], **nasty})
+    assert page.count("<script") == 2 and "<b>x</b>" not in page
+    # Self-contained: every src/href is a data: URL, no http(s) anywhere.
+    assert not re.search(r"https?://", page)
+    assert all(u.startswith("data:") for u in re.findall(r'(?:src|href)=["(]?([^")\s>]+)',
+                                                          page))
+
+
+def test_worked_example_numbers():
+    n = worked_numbers()
+    e = math.exp(1 / math.sqrt(2))
+    w11, w12 = e / (e + 1), 1 / (e + 1)  # 0.6698, 0.3302 by hand
+    assert w11 == pytest.approx(0.6698, abs=1e-4)
+    torch.testing.assert_close(n["weights"], torch.tensor([[w11, w12], [w12, w11]],
+                                                          dtype=torch.float64))
+    expected = [[10 * w11 + 30 * w12, 20 * w11 + 40 * w12],
+                [10 * w12 + 30 * w11, 20 * w12 + 40 * w11]]
+    torch.testing.assert_close(n["output"], torch.tensor(expected, dtype=torch.float64))
+    assert n["output"][0].tolist() == pytest.approx([16.60, 26.60], abs=0.01)
+    assert n["output"][1].tolist() == pytest.approx([23.40, 33.40], abs=0.01)
+    doc = worked_example_doc()
+    formulas = " ".join(f for s in doc["steps"] for f in s["formulas"])
+    assert "0.6698" in formulas and "16.60" in formulas and "33.40" in formulas
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    model, tokenizer = build("pre", "learned")
+    folder = tmp_path_factory.mktemp("run")
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(model.config), "data": {"source": "tiny"}}
+    write_model_files(folder, model, meta, tokenizer)
+    return folder
+
+
+def test_explain_cli_writes_one_self_contained_file(run_dir, tmp_path):
+    out = tmp_path / "walk.html"
+    assert main(["explain", str(run_dir), "--text", TEXT, "--out", str(out), "--layer", "1",
+                 "--head", "1", "--top-k", "3"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and not re.search(r"https?://", page)
+    data = re.search(r'<script type="application/json" id="explain-data">(.*?)</script>',
+                     page, re.S).group(1)
+    doc = json.loads(data)
+    assert (doc["layer"], doc["head"], len(doc["steps"])) == (1, 1, 8)
+    assert len(doc["steps"][7]["blocks"][1]["items"]) == 3
+    assert main(["explain", "--worked-example", "--out", str(tmp_path / "w.html")]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--text", TEXT, "--layer", "2"], "--layer 2 is out of range"),
+    (["--text", TEXT, "--head", "2"], "--head 2 is out of range"),
+    (["--text", "UPPER"], "never saw"),
+    (["--text", "a" * 17], "at most 16"),
+    ([], "--text"),
+    (["--text", TEXT, "--worked-example"], "takes no checkpoint"),
+])
+def test_explain_user_errors(run_dir, tmp_path, capsys, args, message):
+    out = tmp_path / "x.html"
+    assert main(["explain", str(run_dir), "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_explain_needs_a_folder_and_html(tmp_path, capsys):
+    assert main(["explain", "--text", "x", "--out", str(tmp_path / "x.html")]) == 2
+    assert main(["explain", "--worked-example", "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["explain", "--worked-example", "--out",
+                 str(tmp_path / "no" / "such" / "x.html")]) == 2
+    assert "does not exist" in capsys.readouterr().err

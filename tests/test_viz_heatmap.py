@@ -1,0 +1,150 @@
+"""`minitransformer attention`: the layers x heads grid of heatmaps, labelled with the tokens,
+Chinese labels drawn with a real CJK font."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import matplotlib.image
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from minitransformer.cli import main
+from minitransformer.config import GPTConfig
+from minitransformer.data import load_text
+from minitransformer.models import GPT
+from minitransformer.tokenizers import CharTokenizer
+from minitransformer.training.checkpoint import write_model_files
+from minitransformer.viz import fonts
+from minitransformer.viz.heatmap import attention_figure, figure_texts, plot_context
+from minitransformer.viz.views import attention_views
+
+SENTENCE = "我吃了一个红苹果"  # the tutorials' example; every character is in the sayings corpus
+N_LAYER, N_HEAD = 3, 2  # not square, so rows and columns cannot be swapped unnoticed
+
+
+@pytest.fixture(scope="module")
+def zh_run(tmp_path_factory):
+    """A tiny GPT whose vocabulary comes from the bundled sayings corpus, saved as a run."""
+    text = load_text("sayings")
+    assert set(SENTENCE) <= set(text)
+    tokenizer = CharTokenizer.fit(text)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=N_LAYER,
+                    n_head=N_HEAD, n_embd=16)
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights than at init, so attention is far from uniform
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    folder = tmp_path_factory.mktemp("zh_run")
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(cfg), "data": {"source": "sayings"}}
+    write_model_files(folder, model, meta, tokenizer)
+    return folder, model, tokenizer
+
+
+def _panels(fig):
+    return {ax.get_gid(): ax for ax in fig.axes if (ax.get_gid() or "").startswith("attn:")}
+
+
+def test_cli_writes_a_png_grid(zh_run, tmp_path, capsys):
+    folder, _, _ = zh_run
+    out = tmp_path / "attn.png"
+    assert main(["attention", str(folder), "--text", SENTENCE, "--out", str(out)]) == 0
+    assert f"{N_LAYER} layers x {N_HEAD} heads" in capsys.readouterr().out
+    image = matplotlib.image.imread(out)  # (H, W, 4)
+    assert image.shape[0] > 300 and image.shape[1] > 300
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_grid_is_layers_by_heads_labelled_with_tokens(zh_run):
+    folder, model, tokenizer = zh_run
+    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    with plot_context(figure_texts(views)):
+        fig = attention_figure(views)
+    panels = _panels(fig)
+    assert set(panels) == {f"attn:self-attention:{layer}:{head}"
+                           for layer in range(N_LAYER) for head in range(N_HEAD)}
+    ids = torch.tensor([tokenizer.encode(SENTENCE)])
+    with torch.no_grad():
+        _, _, internals = model(ids, return_internals=True)
+    for gid, ax in panels.items():
+        layer, head = map(int, gid.split(":")[2:])
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(SENTENCE)
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(SENTENCE)
+        shown = torch.tensor(ax.get_images()[0].get_array())
+        torch.testing.assert_close(shown, internals.attentions[layer][0, head])
+        assert ax.get_title() == f"layer {layer}, head {head}"
+    plt.close(fig)
+
+
+def _draw_warnings(views, families=None):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        texts = figure_texts(views)
+        ctx = plot_context(texts) if families is None else plt.rc_context(
+            {"font.family": families})
+        with ctx:
+            fig = attention_figure(views)
+            fig.canvas.draw()
+        plt.close(fig)
+    return [str(w.message) for w in caught]
+
+
+def test_chinese_labels_render_with_no_missing_glyph(zh_run):
+    folder, model, tokenizer = zh_run
+    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    families = fonts.font_families(SENTENCE)
+    assert len(families) == 2, "a CJK font should be chosen as the fallback"
+    assert _draw_warnings(views) == []
+    # The check above can fail: with DejaVu Sans alone, matplotlib reports the missing glyphs.
+    plain = _draw_warnings(views, families=["DejaVu Sans"])
+    assert any("missing from font" in m for m in plain)
+
+
+def test_no_cjk_font_gives_a_warning_not_silent_boxes(zh_run, monkeypatch):
+    monkeypatch.setattr(fonts, "_candidates", lambda: ())
+    with pytest.warns(fonts.MissingGlyphWarning, match="红"):
+        fonts.font_families([SENTENCE])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fonts.font_families(["plain ASCII"]) == ["DejaVu Sans"]
+
+
+def test_layer_and_head_pick_one_panel(zh_run, tmp_path):
+    folder, model, tokenizer = zh_run
+    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    with plot_context(figure_texts(views)):
+        fig = attention_figure(views, layer=2, head=1)
+    assert list(_panels(fig)) == ["attn:self-attention:2:1"]
+    plt.close(fig)
+    out = tmp_path / "one.png"
+    assert main(["attention", str(folder), "--text", "红苹果", "--out", str(out),
+                 "--layer", "1"]) == 0
+    assert out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "3"], "--layer 3 is out of range"),
+    (["--head", "5"], "--head 5 is out of range"),
+    (["--text", "我吃☃"], "never saw"),
+    (["--text", "吃" * 17], "at most 16"),
+    (["--text", ""], "empty"),
+])
+def test_user_errors_exit_2_with_one_line(zh_run, tmp_path, capsys, args, message):
+    folder, _, _ = zh_run
+    argv = ["attention", str(folder), "--text", SENTENCE, "--out", str(tmp_path / "x.png")]
+    assert main(argv + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_checkpoint_and_bad_suffix(tmp_path, zh_run, capsys):
+    assert main(["attention", str(tmp_path / "nope"), "--text", "x", "--out",
+                 str(tmp_path / "a.png")]) == 2
+    assert main(["attention", str(zh_run[0]), "--text", "红", "--out",
+                 str(tmp_path / "a.jpg")]) == 2
+    assert "should end in .png" in capsys.readouterr().err
