@@ -148,3 +148,70 @@ def test_missing_checkpoint_and_bad_suffix(tmp_path, zh_run, capsys):
     assert main(["attention", str(zh_run[0]), "--text", "红", "--out",
                  str(tmp_path / "a.jpg")]) == 2
     assert "should end in .png" in capsys.readouterr().err
+
+
+def _save_family(folder, family: str, cfg, model, tokenizer):
+    meta = {"format": "minitransformer", "version": 1, "family": family,
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(folder, model, meta, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    from minitransformer.tokenizers import BPETokenizer
+
+    lines = ["the cat sat on the mat", "el gato se sento en la alfombra",
+             "the dog ran", "el perro corrio"] * 20
+    return BPETokenizer.train(lines, vocab_size=60)
+
+
+def test_seq2seq_shows_encoder_decoder_and_cross_attention(bpe, tmp_path):
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=bpe.vocab_size, block_size=24, n_encoder_layer=2,
+                        n_decoder_layer=3, n_head=2, n_embd=16, dropout=0.0)
+    model = Seq2SeqTransformer(cfg).eval()
+    _save_family(tmp_path / "s2s", "seq2seq", cfg, model, bpe)
+    views = attention_views(model, bpe, "seq2seq", "the cat sat", target="el gato")
+    assert [v.name for v in views] == ["encoder self-attention", "decoder self-attention",
+                                       "cross-attention"]
+    enc, dec, cross = views
+    assert enc.query_labels[-1] == "</s>" and dec.query_labels[0] == "<s>"
+    assert cross.query_labels == dec.query_labels and cross.key_labels == enc.key_labels
+    src = torch.tensor([bpe.encode("the cat sat") + [cfg.eos_id]])
+    tgt = torch.tensor([[cfg.bos_id] + bpe.encode("el gato")])
+    with torch.no_grad():
+        _, _, internals = model(src, tgt, return_internals=True)
+    assert cross.weights.shape == (3, 2, tgt.shape[1], src.shape[1])
+    for layer in range(3):
+        torch.testing.assert_close(cross.weights[layer], internals.decoder.cross_attentions[
+            layer][0])
+    assert enc.weights.shape[0] == 2
+    with plot_context(figure_texts(views)):
+        fig = attention_figure(views)
+    assert len(_panels(fig)) == (2 + 3 + 3) * 2
+    plt.close(fig)
+    out = tmp_path / "s2s.png"
+    # Without --target the decoder side is the model's own greedy translation.
+    assert main(["attention", str(tmp_path / "s2s"), "--text", "the dog", "--out",
+                 str(out)]) == 0
+    assert out.exists()
+
+
+def test_encoder_attention_sees_both_ways(bpe, tmp_path):
+    from minitransformer.config import EncoderConfig
+    from minitransformer.models import EncoderModel
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=bpe.vocab_size, block_size=16, n_layer=2, n_head=2,
+                        n_embd=16)
+    model = EncoderModel(cfg).eval()
+    _save_family(tmp_path / "enc", "encoder", cfg, model, bpe)
+    (view,) = attention_views(model, bpe, "encoder", "the cat sat")
+    assert view.weights.shape[:2] == (2, 2)
+    assert view.weights[0, 0].triu(1).sum() > 0.1  # looks at later tokens too: no causal mask
+    assert view.query_labels[1].startswith("\u2423")  # "▁cat": the word-initial space shows
+    assert main(["attention", str(tmp_path / "enc"), "--text", "the cat", "--out",
+                 str(tmp_path / "enc.png")]) == 0

@@ -31,9 +31,22 @@ def show_token(text: str) -> str:
     return "".join(VISIBLE.get(ch, ch) for ch in text)
 
 
-def token_labels(tokenizer, ids) -> list[str]:
-    """One printable label per token id."""
-    return [show_token(tokenizer.decode([int(i)])) for i in ids]
+def _label(tokenizer, i: int) -> str:
+    decoded = tokenizer.decode([i])
+    raw = tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else None
+    if raw is not None:
+        spaced = raw.replace("\u2581", " ")  # SentencePiece's visible space
+        # The vocabulary entry keeps the word-initial space that decoding one token drops;
+        # byte-level entries (GPT-2's "Ġthe") are unreadable, so those show decoded.
+        if not decoded or "\ufffd" in decoded or spaced.strip() == decoded.strip():
+            return show_token(spaced)
+    return show_token(decoded)
+
+
+def token_labels(tokenizer, ids, special: dict[int, str] | None = None) -> list[str]:
+    """One printable label per token id; ``special`` names ids such as <s> and </s>."""
+    special = special or {}
+    return [special[int(i)] if int(i) in special else _label(tokenizer, int(i)) for i in ids]
 
 
 def encode_text(tokenizer, text: str, max_len: int, what: str = "text") -> list[int]:

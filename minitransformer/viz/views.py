@@ -1,9 +1,10 @@
 """The attention maps of a checkpoint on one text, per model family.
 
 A model family maps to one small function that runs the model with ``return_internals=True``
-and returns its ``AttentionView``s: a decoder-only GPT has one (masked self-attention); an
-encoder-decoder has three (encoder self-attention, decoder self-attention, cross-attention).
-Adding a family means adding one entry to ``VIEW_BUILDERS``.
+and returns its ``AttentionView``s: a decoder-only GPT has one (masked self-attention), so
+has an encoder (bidirectional self-attention); an encoder-decoder has three (encoder
+self-attention, decoder self-attention, cross-attention). Adding a family means adding one
+entry to ``VIEW_BUILDERS``.
 
 Shapes: L layers, nh heads, Tq query tokens, Tk key tokens.
 """
@@ -53,29 +54,40 @@ def gpt_views(model, tokenizer, text: str, target: str | None = None) -> list[At
     return [AttentionView("self-attention", _stack(internals.attentions), labels, labels)]
 
 
-def _seq2seq_parts(model, tokenizer, text: str, target: str | None):
-    """(source ids, target ids, source labels, target labels) for an encoder-decoder."""
-    src_tok = getattr(tokenizer, "source", tokenizer)
-    tgt_tok = getattr(tokenizer, "target", tokenizer)
-    max_len = getattr(model.config, "block_size", None) or getattr(model.config, "max_len", 1024)
-    src = encode_text(src_tok, text, max_len)
-    if target is None:
-        raise UserError("an encoder-decoder model needs --target TEXT as well (the decoder's "
-                        "side, e.g. the translation)")
-    tgt = encode_text(tgt_tok, target, max_len, what="target")
-    return src, tgt, token_labels(src_tok, src), token_labels(tgt_tok, tgt)
+@torch.no_grad()
+def encoder_views(model, tokenizer, text: str, target: str | None = None):
+    """Bidirectional self-attention of an encoder-only (BERT-style) model."""
+    if target is not None:
+        raise UserError("--target is for encoder-decoder models; this is an encoder")
+    model.eval()
+    ids = encode_text(tokenizer, text, model.config.block_size)
+    device = next(model.parameters()).device
+    _, _, internals = model(torch.tensor([ids], device=device), return_internals=True)
+    labels = token_labels(tokenizer, ids)
+    return [AttentionView("self-attention", _stack(internals.attentions), labels, labels)]
 
 
 @torch.no_grad()
 def seq2seq_views(model, tokenizer, text: str, target: str | None = None):
-    """Encoder self-, decoder self- and decoder-to-encoder cross-attention."""
+    """Encoder self-, decoder self- and decoder-to-encoder cross-attention.
+
+    The source is ``text </s>``, the decoder reads ``<s> target`` (the model's own greedy
+    translation when no target is given), as in training.
+    """
     model.eval()
-    src, tgt, src_labels, tgt_labels = _seq2seq_parts(model, tokenizer, text, target)
+    c = model.config
+    src = encode_text(tokenizer, text, c.block_size - 1) + [c.eos_id]
     device = next(model.parameters()).device
-    out = model(torch.tensor([src], device=device), torch.tensor([tgt], device=device),
-                return_internals=True)
-    internals = out[-1]
-    enc, dec = _encoder_decoder_internals(internals)
+    src_t = torch.tensor([src], device=device)  # (1, S)
+    if target is None:
+        out = model.translate(src_t)[0]
+    else:
+        out = encode_text(tokenizer, target, c.block_size - 1, what="target")
+    tgt = [c.bos_id] + out[: c.block_size - 1]
+    _, _, internals = model(src_t, torch.tensor([tgt], device=device), return_internals=True)
+    src_labels = token_labels(tokenizer, src, special={c.eos_id: "</s>"})
+    tgt_labels = token_labels(tokenizer, tgt, special={c.bos_id: "<s>", c.eos_id: "</s>"})
+    enc, dec = internals.encoder, internals.decoder
     return [AttentionView("encoder self-attention", _stack(enc.attentions), src_labels,
                           src_labels),
             AttentionView("decoder self-attention", _stack(dec.attentions), tgt_labels,
@@ -84,18 +96,7 @@ def seq2seq_views(model, tokenizer, text: str, target: str | None = None):
                           src_labels)]
 
 
-def _encoder_decoder_internals(internals):
-    """(encoder Internals, decoder Internals) from what an encoder-decoder returns."""
-    if isinstance(internals, (tuple, list)) and len(internals) == 2:
-        return internals
-    enc = getattr(internals, "encoder", None)
-    dec = getattr(internals, "decoder", None)
-    if enc is None or dec is None:
-        raise RuntimeError("cannot find encoder and decoder internals in the model's output")
-    return enc, dec
-
-
-VIEW_BUILDERS = {"gpt": gpt_views, "seq2seq": seq2seq_views}
+VIEW_BUILDERS = {"gpt": gpt_views, "encoder": encoder_views, "seq2seq": seq2seq_views}
 
 
 def attention_views(model, tokenizer, family: str, text: str,
