@@ -128,3 +128,17 @@ def test_resumed_run_follows_the_uninterrupted_one(run40, tmp_path):
     for name in sa:
         if name.startswith("optim."):
             assert torch.equal(sa[name], sb[name]), name
+
+
+def test_resume_restores_the_dropout_random_stream(tmp_path):
+    """With dropout the global torch generator matters too: it must resume where it was."""
+    flags = ("--dropout", "0.1", "--sample_tokens", "0", "--eval_interval", "20")
+    _train(tmp_path / "full", "--max_iters", "40", *flags)
+    _train(tmp_path / "part", "--max_iters", "20", *flags)
+    assert cli.main(["train", "--out", str(tmp_path / "part"), "--resume", "--max_iters", "40",
+                     "--quiet"]) == 0
+    losses = [[r["train_loss"] for r in _log(tmp_path / run)] for run in ("full", "part")]
+    assert losses[0] == losses[1]
+    a, b = (load_file(tmp_path / run / "checkpoints" / "step_0000040" / "model.safetensors")
+            for run in ("full", "part"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
