@@ -43,7 +43,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, use_cache: bool = True):

@@ -149,7 +149,7 @@ class MultiHeadAttention(nn.Module):
         t_k = k.shape[-2]
 
         causal_only = self.causal and mask is None and past == 0 and t_q == t_k
-        if self.causal:
+        if self.causal and t_q > 1:  # a single newest query may see every key: no mask needed
             mask = combine(causal_mask(t_q, t_k, offset=t_k - t_q, device=x.device), mask)
         bias = None
         if self.alibi is not None and not cross:

@@ -9,6 +9,8 @@ Shapes: B batch, T time, Tq query length, Tk key length.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -16,9 +18,14 @@ def causal_mask(t_q: int, t_k: int | None = None, offset: int = 0, device=None) 
     """Lower-triangular mask: query i (absolute position ``offset + i``) sees keys j <= offset + i.
 
     ``offset`` is the number of cached positions before the first query (KV-cache decoding).
-    Returns a (Tq, Tk) bool tensor.
+    Returns a (Tq, Tk) bool tensor, built once per shape and device, then reused (read-only).
     """
     t_k = t_q + offset if t_k is None else t_k
+    return _causal_mask(t_q, t_k, offset, torch.device(device) if device is not None else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_mask(t_q: int, t_k: int, offset: int, device) -> torch.Tensor:
     q_pos = torch.arange(t_q, device=device)[:, None] + offset  # (Tq, 1)
     k_pos = torch.arange(t_k, device=device)[None, :]  # (1, Tk)
     return k_pos <= q_pos  # (Tq, Tk)
