@@ -1,0 +1,235 @@
+"""Decoding an encoder-decoder: greedy search and beam search, batched, with the KV cache.
+
+Both encode the source once. With ``use_cache`` each step feeds the decoder only the newest
+token: self-attention keys/values of earlier positions and the cross-attention keys/values of
+the source (computed at the first step, once per sentence) come from ``KVCache``; without it
+every step recomputes the whole prefix (same result, slower; the tests hold them equal).
+
+Rules shared by both, so that beam size 1 is exactly greedy search:
+- <pad> and <s> are never produced; after ``max_len`` tokens the only choice is </s>, so every
+  translation ends with </s> and is scored with its probability.
+- A translation's score is log P(y_1 .. y_n </s> | x) / lp(n + 1), with GNMT's length penalty
+  lp(L) = ((5 + L) / 6) ** alpha (Wu et al. 2016; the paper used alpha = 0.6, beam 4);
+  alpha = 0 scores by log-probability alone.
+
+Beam search keeps, per sentence, the K best unfinished prefixes. Each step it ranks all their
+one-token extensions; an extension ending in </s> becomes a finished translation when it ranks
+among the top K (as in fairseq and Hugging Face), the best K others become the new beam. A
+sentence stops when it has K finished translations and the best of them beats every live
+prefix scored at its current length (with alpha = 0 no live prefix can catch up any more).
+
+Shapes: B sentences, K beam size, S source length, T target length so far, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Decoded:
+    """tokens: per sentence, the translation's ids without <s> / </s>; scores: its score."""
+
+    tokens: list[list[int]]
+    scores: list[float]
+
+
+def default_max_len(model, src: torch.Tensor) -> int:
+    """1.5 x the longest source + 10 tokens, within the learned position table if there is one."""
+    longest = int((src != model.config.pad_id).sum(dim=1).max()) if src.numel() else 0
+    max_len = longest * 3 // 2 + 10
+    if model.config.pos_encoding == "learned":
+        max_len = min(max_len, model.config.block_size - 1)
+    return max_len
+
+
+def length_penalty_factor(length: int, alpha: float) -> float:
+    """GNMT's lp(L) = ((5 + L) / 6) ** alpha; 1 when alpha = 0."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                   cache, step: int, max_len: int) -> torch.Tensor:
+    """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied."""
+    c = model.config
+    if cache is not None:
+        logits, _ = model.decode(tokens[:, -1:], memory, src_mask, cache)  # (N, 1, V)
+    else:
+        logits, _ = model.decode(tokens, memory, src_mask)  # (N, T, V)
+    logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
+    if step >= max_len:  # out of room: only </s> may follow
+        eos = logp[:, c.eos_id].clone()
+        logp.fill_(float("-inf"))
+        logp[:, c.eos_id] = eos
+    logp[:, c.pad_id] = float("-inf")
+    logp[:, c.bos_id] = float("-inf")
+    return logp
+
+
+def _select_rows(rows: torch.Tensor, cache, cross_too: bool = True) -> None:
+    if cache is not None:
+        for self_cache, cross_cache in cache:
+            self_cache.reorder(rows)
+            if cross_too:
+                cross_cache.reorder(rows)
+
+
+@torch.no_grad()
+def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
+                  use_cache: bool = True) -> Decoded:
+    """Pick the most likely token at every step; src (B, S) right-padded with pad_id.
+
+    Sentences that have produced </s> leave the batch, so the rest run faster.
+    Scores are log-probabilities (no length penalty).
+    """
+    c = model.config
+    was_training = model.training
+    model.eval()
+    try:
+        b = src.shape[0]
+        max_len = default_max_len(model, src) if max_len is None else max_len
+        memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
+        cache = model.new_cache() if use_cache else None
+        tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        alive = torch.arange(b, device=src.device)  # which sentence each row is
+        total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
+        out: list[list[int]] = [[] for _ in range(b)]
+        scores = [0.0] * b
+        for step in range(max_len + 1):
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len)
+            best, nxt = logp.max(dim=-1)  # (N,), (N,)
+            total = total + best
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
+            done = nxt == c.eos_id  # (N,)
+            if not bool(done.any()):
+                continue
+            for r in done.nonzero().flatten().tolist():
+                out[int(alive[r])] = tokens[r, 1:-1].tolist()
+                scores[int(alive[r])] = float(total[r])
+            keep = (~done).nonzero().flatten()  # (N',)
+            if keep.numel() == 0:
+                break
+            tokens, alive, total = tokens[keep], alive[keep], total[keep]
+            memory, src_mask = memory[keep], src_mask[keep]
+            _select_rows(keep, cache)
+        return Decoded(out, scores)
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | None = None,
+                length_penalty: float = 0.0, use_cache: bool = True) -> Decoded:
+    """Beam search with K = beam_size beams per sentence; src (B, S) right-padded.
+
+    Scores are log-probabilities divided by lp(length) (see the module docstring).
+    """
+    c = model.config
+    k = beam_size
+    if k < 1:
+        raise ValueError(f"beam size must be at least 1, got {k}")
+    was_training = model.training
+    model.eval()
+    try:
+        b, dev = src.shape[0], src.device
+        max_len = default_max_len(model, src) if max_len is None else max_len
+        memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
+        memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, C): rows i*K .. i*K+K-1
+        src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*K, 1, 1, S)
+        cache = model.new_cache() if use_cache else None
+        tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=dev)  # (B*K, 1)
+        scores = torch.full((b, k), float("-inf"), device=dev)  # (B, K) log P of each prefix
+        scores[:, 0] = 0.0  # one live prefix (<s>) at the start
+        alive = torch.arange(b, device=dev)  # which sentence each group of K rows is
+        n_done = torch.zeros(b, dtype=torch.long, device=dev)  # finished translations so far
+        best = torch.full((b,), float("-inf"), device=dev)  # best finished score
+        out: list[list[int]] = [[] for _ in range(b)]
+        for step in range(max_len + 1):
+            n = alive.numel()
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len)
+            v = logp.shape[-1]
+            cand = (scores.reshape(-1, 1) + logp).view(n, k * v)  # (n, K*V) extended prefixes
+            width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
+            top, idx = cand.topk(width, dim=1)  # (n, 2K), best first
+            origin, tok = idx // v, idx % v  # which beam each came from; its new token
+            rank = torch.arange(width, device=dev)  # (2K,)
+            is_eos = tok == c.eos_id  # (n, 2K)
+
+            # Extensions ending in </s> within the top K are finished translations.
+            finish = is_eos & (rank < k) & torch.isfinite(top)  # (n, 2K)
+            if bool(finish.any()):
+                norm = (top / length_penalty_factor(step + 1, length_penalty)) \
+                    .masked_fill(~finish, float("-inf"))  # (n, 2K)
+                n_done[alive] += finish.sum(dim=1)
+                cand_best, which = norm.max(dim=1)  # (n,)
+                for i in (cand_best > best[alive]).nonzero().flatten().tolist():
+                    row = i * k + int(origin[i, which[i]])
+                    best[alive[i]] = cand_best[i]
+                    out[int(alive[i])] = tokens[row, 1:].tolist()
+            if step == max_len:
+                break
+
+            # The best K extensions that do not end the sentence form the next beam.
+            order = (is_eos.long() * width + rank).argsort(dim=1)[:, :k]  # (n, K)
+            scores = top.gather(1, order)  # (n, K)
+            tok_k, origin_k = tok.gather(1, order), origin.gather(1, order)  # (n, K)
+            scores = scores.masked_fill(tok_k == c.eos_id, float("-inf"))
+            rows = (torch.arange(n, device=dev)[:, None] * k + origin_k).view(-1)  # (n*K,)
+            tokens = torch.cat([tokens[rows], tok_k.view(-1, 1)], dim=1)  # (n*K, T + 1)
+            _select_rows(rows, cache, cross_too=False)  # cross K/V are equal within a sentence
+
+            # Sentences whose live prefixes can no longer beat their best translation stop.
+            live_best = scores.max(dim=1).values  # (n,)
+            bound = live_best / length_penalty_factor(step + 1, length_penalty)
+            stop = ((n_done[alive] >= k) & (best[alive] >= bound)) | torch.isinf(live_best)
+            if bool(stop.any()):
+                keep = (~stop).nonzero().flatten()  # (n',)
+                if keep.numel() == 0:
+                    break
+                keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)
+                tokens, scores, alive = tokens[keep_rows], scores[keep], alive[keep]
+                memory, src_mask = memory[keep_rows], src_mask[keep_rows]
+                _select_rows(keep_rows, cache)
+        return Decoded(out, best.tolist())
+    finally:
+        model.train(was_training)
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> torch.Tensor:
+    """Right-pad lists of ids into a (B, T) tensor."""
+    t = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), max(t, 1)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return out.to(device) if device is not None else out
+
+
+@torch.no_grad()
+def translate_many(model, sources: list[list[int]], beam_size: int = 1,
+                   max_len: int | None = None, length_penalty: float = 0.0,
+                   batch_size: int = 64, device=None, progress=None) -> list[list[int]]:
+    """Translate many encoded sources (each ending in </s>), batched by length, in order.
+
+    ``progress`` (optional) is called with the number of sentences done after each batch.
+    """
+    device = device or next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
+        if beam_size <= 1:
+            decoded = greedy_decode(model, src, max_len)
+        else:
+            decoded = beam_search(model, src, beam_size, max_len, length_penalty)
+        for i, toks in zip(chunk, decoded.tokens, strict=True):
+            results[i] = toks
+        if progress is not None:
+            progress(len(chunk))
+    return results
+
+
+__all__ = ["Decoded", "beam_search", "default_max_len", "greedy_decode",
+           "length_penalty_factor", "pad_batch", "translate_many"]
