@@ -14,6 +14,7 @@ import sys
 import typing
 from typing import Literal, get_args
 
+from . import translate_cli
 from .config import (
     PRESETS,
     GPTConfig,
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_core_parsers(sub)
     interop_cli.add_parsers(sub)  # embed
     viz_cli.add_parsers(sub)  # attention, explain
+    translate_cli.add_parsers(sub)  # translate; seq2seq flags on train and evaluate
     return parser
 
 
@@ -168,7 +170,8 @@ def add_core_parsers(sub) -> None:
     t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings) or a "
                    "path (default shakespeare; on --resume, the run's own corpus)")
     t.add_argument("--out", required=True, help="run folder to write")
-    t.add_argument("--model", default="gpt", choices=["gpt", "encoder"], help="model family")
+    t.add_argument("--model", default="gpt", choices=["gpt", "encoder", "seq2seq"],
+                   help="model family (a .tsv corpus implies seq2seq)")
     t.add_argument("--preset", default=None,
                    help=f"named settings (gpt: {', '.join(PRESETS['gpt'])}; default cpu-small)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")

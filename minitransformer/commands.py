@@ -30,6 +30,9 @@ def _build_configs(preset: dict, model_over: dict, train_over: dict, vocab_size:
 
 
 def cmd_train(args) -> int:
+    from .commands_seq2seq import cmd_train_seq2seq, wants_seq2seq
+    if wants_seq2seq(args):
+        return cmd_train_seq2seq(args)
     from .cli import config_overrides
 
     model_over, train_over = config_overrides(args)
@@ -118,6 +121,9 @@ def cmd_sample(args) -> int:
 def cmd_evaluate(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
+    if meta["family"] == "seq2seq":
+        from .commands_seq2seq import evaluate_bleu
+        return evaluate_bleu(args, model, tokenizer, meta, device)
     data = meta.get("data", {})
     source = args.data or data.get("source")
     if not source:
