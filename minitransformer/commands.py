@@ -13,10 +13,12 @@ import torch
 from .config import GPTConfig, TrainConfig, config_from_dict, get_preset, split_fields
 from .data import check_length, load_text, split_ids
 from .errors import ConfigError, UserError
+from .interop.cli import stream_text
 from .models import GPT
-from .tokenizers import CharTokenizer
+from .tokenizers import tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import pick_device
+from .training.subword import SubwordLanguageModelTask, fit_tokenizer
 from .training.trainer import LanguageModelTask, estimate_loss, train
 
 DEFAULT_PRESET = "cpu-small"
@@ -30,6 +32,9 @@ def _build_configs(preset: dict, model_over: dict, train_over: dict, vocab_size:
 
 
 def cmd_train(args) -> int:
+    if getattr(args, "model", "gpt") == "encoder":
+        from .commands_encoder import cmd_train_encoder
+        return cmd_train_encoder(args)
     from .commands_seq2seq import cmd_train_seq2seq, wants_seq2seq
     if wants_seq2seq(args):
         return cmd_train_seq2seq(args)
@@ -49,7 +54,7 @@ def cmd_train(args) -> int:
         data = meta.get("data", {})
         source, encoding = args.data or data.get("source"), data.get("encoding", args.encoding)
         text = load_text(source, encoding)
-        tokenizer = CharTokenizer.from_dict(
+        tokenizer = tokenizer_from_dict(
             json.loads((found[-1] / ckpt.TOKENIZER_FILE).read_text(encoding="utf-8")))
         model_cfg = config_from_dict(GPTConfig, meta["model"])
         train_cfg = config_from_dict(TrainConfig, {**meta["train"], **train_over})
@@ -57,7 +62,9 @@ def cmd_train(args) -> int:
         source, encoding = args.data or "shakespeare", args.encoding
         preset = get_preset("gpt", args.preset or DEFAULT_PRESET)
         text = load_text(source, encoding)
-        tokenizer = CharTokenizer.fit(text)
+        kind = getattr(args, "tokenizer", None) or "char"  # bpe: --vocab-size is its size
+        tokenizer = fit_tokenizer(kind, text,
+                                  model_over.pop("vocab_size", None) if kind == "bpe" else None)
         model_cfg, train_cfg = _build_configs(preset, model_over, train_over,
                                               tokenizer.vocab_size)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
@@ -68,7 +75,7 @@ def cmd_train(args) -> int:
     model = GPT(model_cfg)
     meta = {"format": "minitransformer", "version": 1, "family": "gpt",
             "model": dataclasses.asdict(model_cfg),
-            "data": {"source": source, "encoding": encoding, "tokenizer": "char"}}
+            "data": {"source": source, "encoding": encoding, "tokenizer": tokenizer.kind}}
     quiet = args.quiet
     if not quiet:
         print(f"corpus {source}: {len(ids):,} tokens ({tokenizer.vocab_size} distinct), "
@@ -80,7 +87,8 @@ def cmd_train(args) -> int:
             f"{train_cfg.max_iters} steps"
         print(f"training for {budget}, batch {train_cfg.batch_size}, lr "
               f"{train_cfg.learning_rate:g}; run folder {out}")
-    task = LanguageModelTask(train_ids, val_ids, model_cfg.block_size)
+    task_cls = LanguageModelTask if tokenizer.kind == "char" else SubwordLanguageModelTask
+    task = task_cls(train_ids, val_ids, model_cfg.block_size)
     result = train(model, tokenizer, task, train_cfg, out, meta, resume=args.resume,
                    force=args.force, progress=not quiet and sys.stderr.isatty() or None)
     if result.interrupted:
@@ -99,7 +107,10 @@ def cmd_sample(args) -> int:
     if not args.dir:
         raise UserError("give a run folder to sample from (or --hf PATH)")
     device = pick_device(args.device)
-    model, tokenizer, _ = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
+    model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
+    if meta["family"] == "encoder":
+        raise UserError(f"{args.dir} holds an encoder, which fills in masks rather than "
+                        f"continuing text; try: minitransformer evaluate {args.dir}")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.temperature < 0 or not math.isfinite(args.temperature):
@@ -110,9 +121,10 @@ def cmd_sample(args) -> int:
     out = sys.stdout
     out.write(args.prompt)
     out.flush()
-    for tok in model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                            args.seed, use_cache=not args.no_cache):
-        out.write(tokenizer.decode(tok[0].tolist()))
+    tokens = model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          args.seed, use_cache=not args.no_cache)
+    for piece in stream_text(tokens, tokenizer):  # whole characters, even from byte-level BPE
+        out.write(piece)
         out.flush()
     out.write("\n")
     return 0
@@ -121,6 +133,9 @@ def cmd_sample(args) -> int:
 def cmd_evaluate(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
+    if meta["family"] == "encoder":
+        from .commands_encoder import evaluate_encoder
+        return evaluate_encoder(args, model, tokenizer, meta)
     if meta["family"] == "seq2seq":
         from .commands_seq2seq import evaluate_bleu
         return evaluate_bleu(args, model, tokenizer, meta, device)

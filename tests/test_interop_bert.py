@@ -99,3 +99,30 @@ def test_bidirectional_attention_internals(ours, reference):
     real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
     for a, b in zip(internals.attentions, out.attentions, strict=True):
         assert (a - b).masked_select(real.expand_as(a)).abs().max().item() < 1e-5
+
+
+def test_bert_for_masked_lm_logits_equal_hf(tmp_path):
+    """A random BertForMaskedLM: token types, padding and the MLM head (tied decoder)."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=40, attn_implementation="eager")
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "LayerNorm" not in name:
+                p.normal_(0.0, 0.3)
+    hf.save_pretrained(tmp_path)
+    ours = load_hf(tmp_path)
+    assert ours.config.mlm_head == "bert"
+    assert ours.mlm_head.decoder.weight is ours.tok_emb.weight
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(99, (2, 20), generator=gen)
+    types = torch.randint(2, (2, 20), generator=gen)
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, 13:] = 0
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+        got, _ = ours(ids, token_type_ids=types, attention_mask=mask)
+    assert ref.abs().max() > 1.0
+    assert (got - ref)[mask.bool()].abs().max().item() <= 1e-4

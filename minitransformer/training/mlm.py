@@ -1,0 +1,97 @@
+"""The masked-language-model task: what the trainer needs to train an ``EncoderModel``.
+
+Same interface as ``LanguageModelTask`` (batch, loss, tokens, sample): each batch is
+``batch_size`` random windows of the token stream, corrupted as BERT does (15% chosen;
+80% [MASK], 10% random, 10% kept), with the original ids as targets at the chosen positions.
+The corruption draws from the trainer's batch generator, so a resumed run sees the same
+batches. Evaluation adds masked-token accuracy beside the loss, and the accuracy of always
+guessing the most frequent training token, the baseline to beat.
+
+Shapes: B batch, T time (block_size), V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..data import get_batch
+from ..models.mlm import IGNORE, mask_tokens, masked_accuracy
+
+MASK_SHOWN = "▒"  # how a masked position is printed in samples
+
+
+class MaskedLMTask:
+    """Masked-token prediction on one token stream (BERT's pre-training task #1)."""
+
+    family = "encoder"
+
+    def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int,
+                 mask_id: int, vocab_size: int, mask_prob: float = 0.15):
+        self.data = {"train": train_ids, "val": val_ids}
+        self.block_size, self.mask_id, self.vocab_size = block_size, mask_id, vocab_size
+        self.mask_prob = mask_prob
+        counts = torch.bincount(train_ids, minlength=vocab_size)  # (V,)
+        self.most_frequent = int(counts.argmax())
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator):
+        """(inputs (B, T), targets (B, T)); targets are IGNORE where nothing was chosen."""
+        ids, _ = get_batch(self.data[split], batch_size, self.block_size, generator)  # (B, T)
+        return mask_tokens(ids, self.mask_id, self.vocab_size, generator, self.mask_prob)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return model(x, y)[1]
+
+    def tokens(self, batch) -> int:
+        return batch[0].numel()
+
+    @torch.no_grad()
+    def accuracy(self, model, split: str, batch_size: int, iters: int, device,
+                 seed: int = 0) -> tuple[float, float]:
+        """(masked-token accuracy, most-frequent-token baseline) over ``iters`` batches drawn
+        with a fixed seed (the same positions for both)."""
+        gen = torch.Generator().manual_seed(seed)
+        was_training = model.training
+        model.eval()
+        right = base = total = 0
+        for _ in range(iters):
+            x, y = self.batch(split, batch_size, gen)
+            logits, _ = model(x.to(device))  # (B, T, V)
+            r, n = masked_accuracy(logits.cpu(), y)
+            right, total = right + r, total + n
+            base += int((y == self.most_frequent).sum())
+        model.train(was_training)
+        return right / max(total, 1), base / max(total, 1)
+
+    def show(self, tokenizer, ids: list[int], masked: list[bool]) -> str:
+        """Text of ids with masked positions printed as MASK_SHOWN (runs decoded together)."""
+        out, run = [], []
+        for i, m in zip(ids, masked, strict=True):
+            if m:
+                out.append(tokenizer.decode(run) + MASK_SHOWN)
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + tokenizer.decode(run)
+
+    @torch.no_grad()
+    def sample(self, model, tokenizer, n_tokens: int, device) -> str:
+        """A fill-in-the-mask example from the val split, and the val accuracy."""
+        gen = torch.Generator().manual_seed(0)
+        t = max(8, min(self.block_size, n_tokens))
+        window = self.data["val"][:t][None]  # (1, T)
+        _, targets = mask_tokens(window, self.mask_id, self.vocab_size, gen, self.mask_prob)
+        chosen = targets != IGNORE  # (1, T)
+        inputs = window.masked_fill(chosen, self.mask_id)  # every chosen position -> [MASK]
+        was_training = model.training
+        model.eval()
+        logits, _ = model(inputs.to(device))  # (1, T, V)
+        model.train(was_training)
+        pred = logits.argmax(dim=-1).cpu()  # (1, T)
+        filled = torch.where(chosen, pred, window)[0].tolist()
+        right, total = masked_accuracy(logits.cpu(), targets)
+        acc, base = self.accuracy(model, "val", 16, 4, device)
+        return (f"{self.show(tokenizer, inputs[0].tolist(), chosen[0].tolist())}\n"
+                f"-> {self.show(tokenizer, filled, [i == self.mask_id for i in filled])}\n"
+                f"({right}/{total} filled right; val masked-token accuracy {acc:.1%}, "
+                f"most-frequent-token baseline {base:.1%})")
