@@ -37,22 +37,26 @@ def restore_rng(info: dict, tensors: dict, batch_generator: torch.Generator) -> 
 
 
 class CsvLog:
-    """log.csv beside the checkpoints; on resume, rows past the resumed step are dropped."""
+    """log.csv beside the checkpoints; on resume, rows past the resumed step are dropped.
 
-    def __init__(self, path: Path, resume_step: int | None):
+    ``extra`` names columns after LOG_FIELDS (e.g. the per-layer attention entropies).
+    """
+
+    def __init__(self, path: Path, resume_step: int | None, extra: list[str] | tuple = ()):
         self.path = Path(path)
+        self.fields = LOG_FIELDS + [name for name in extra if name not in LOG_FIELDS]
         rows = []
         if resume_step is not None and self.path.exists():
             with open(self.path, newline="", encoding="utf-8") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
         with open(self.path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, LOG_FIELDS)
+            writer = csv.DictWriter(f, self.fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
 
     def write(self, **row) -> None:
         with open(self.path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, LOG_FIELDS).writerow(
+            csv.DictWriter(f, self.fields, extrasaction="ignore").writerow(
                 {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
     def rows(self) -> list[dict]:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data import get_batch
 from ..errors import UserError
+from ..experiments.health import HealthGuard
 from . import checkpoint as ckpt
 from . import distributed
 from .curves import plot_loss_curve
@@ -48,6 +49,7 @@ class TrainResult:
     val_loss: float
     train_seconds: float
     interrupted: bool = False
+    stopped_early: bool = False  # the health guard's early stop
 
 
 class LanguageModelTask:
@@ -146,16 +148,19 @@ def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
 
 
 def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume: bool = False,
-          force: bool = False, progress: bool = True, echo=print) -> TrainResult:
+          force: bool = False, progress: bool = True, echo=print,
+          health: HealthGuard | None = None) -> TrainResult:
     """Train ``model`` on ``task``; write the run folder ``out_dir``; return a summary.
 
     ``meta`` is stored in every config.json (family, model config, data source). Under
     torchrun every process calls this; ``cfg.batch_size`` stays the global batch of one
-    optimizer step, each rank taking its slice of it.
+    optimizer step, each rank taking its slice of it. ``health`` (default: warnings only)
+    watches for overfitting and logs attention entropy at each evaluation.
     """
     out_dir = Path(out_dir)
     info, device = distributed.setup(cfg.device)
     main = info.is_main
+    health = health if health is not None else HealthGuard()
     if main:
         prepare_out_dir(out_dir, resume, force)
     distributed.barrier(info)
@@ -184,7 +189,8 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         best, last_val = state["best_val_loss"], state["val_loss"]
         if main:
             echo(f"resuming {out_dir} from step {step} (val loss {last_val:.4f})")
-    log = CsvLog(out_dir / "log.csv", step if resume else None) if main else None
+    entropy_names = list(health.entropy_columns(model, task, device)) if main else []
+    log = CsvLog(out_dir / "log.csv", step if resume else None, entropy_names) if main else None
     last_eval = step if resume else -1
     compiled_model, _ = maybe_compile(model, cfg.compile, device)
     run_model = distributed.wrap(compiled_model, info, device)
@@ -227,8 +233,10 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                                  device, dtype)
         last_eval = step
         is_best = step > 0 and last_val < best
+        notes = health.on_eval(step, last_val)
         if main:
-            log.write(step=step, val_loss=last_val, elapsed_s=train_time)
+            log.write(step=step, val_loss=last_val, elapsed_s=train_time,
+                      **health.entropy_columns(model, task, device))
             if is_best:
                 ckpt.write_model_files(out_dir, model, full_meta(last_val), tokenizer)
         if step > 0:
@@ -239,6 +247,8 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         if main:
             bar.write(f"step {step}: val loss {last_val:.4f}"
                       + (" (best so far, saved)" if is_best else ""))
+            for note in notes:
+                bar.write(note)
             if cfg.sample_tokens:
                 text = task.sample(model, tokenizer, cfg.sample_tokens, device)
                 bar.write("  sample: " + text.replace("\n", "\n          ")[:2000])
@@ -254,7 +264,8 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         while True:
             if step % cfg.eval_interval == 0 and last_eval != step:
                 evaluate_and_save()
-            if step >= cfg.max_iters or (budget is not None and train_time >= budget):
+            if step >= cfg.max_iters or (budget is not None and train_time >= budget) \
+                    or health.stop_requested:
                 break
             if stop.requested and not info.enabled:
                 interrupted = True
@@ -307,6 +318,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                         f"--learning_rate or --grad_clip 1.0")
                 if info.enabled and distributed.from_main(float(stop.requested), info, device):
                     interrupted = True
+                health.on_train_loss(loss_value)
                 running_loss = loss_value if running_loss is None else \
                     0.9 * running_loss + 0.1 * loss_value
                 tok_s = window_tokens / max(window_t, 1e-9)
@@ -329,7 +341,8 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         echo(f"interrupted at step {step}; saved a checkpoint in {out_dir / ckpt.CHECKPOINTS}."
              f" Resume with: minitransformer train --out {out_dir} --resume")
     distributed.teardown()
-    return TrainResult(out_dir, step, best, last_val, train_time, interrupted)
+    return TrainResult(out_dir, step, best, last_val, train_time, interrupted,
+                       health.stop_requested)
 
 
 def learning_rate(cfg: TrainConfig, step: int, progress: float, model) -> float:
