@@ -13,7 +13,8 @@
     return node;
   }
 
-  function fill(text) {  // "{layer}" and "{head}" in titles (never user text) follow the selection
+  // "{layer}" and "{head}" in titles (never user text) follow the selection.
+  function fill(text) {
     return String(text).replaceAll("{layer}", String(state.layer))
       .replaceAll("{head}", String(state.head));
   }
@@ -27,8 +28,9 @@
   function fmt(v) {
     if (v === null) return "\u2212\u221e";
     const a = Math.abs(v);
-    if (a !== 0 && (a >= 1000 || a < 0.001)) return v.toExponential(1);
-    return v.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : 2).replace("-", "\u2212");
+    if (a >= 1000) return v.toExponential(1).replace("-", "\u2212");
+    const text = v.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : 2);
+    return Number(text) === 0 ? text.replace("-", "") : text.replace("-", "\u2212");
   }
 
   function colour(v, kind, scale) {
@@ -49,12 +51,14 @@
     const showNumbers = cols <= 16 && values.length <= 40;
     let scale = 0;
     for (const row of values) for (const v of row) if (v !== null) scale = Math.max(scale, Math.abs(v));
+    const colLabels = block.cols || Array.from({ length: cols }, (_, j) => String(j));
+    const upright = colLabels.every((c) => c.length <= 2);
     const table = el("table", {
-      id: block.id, class: "matrix" + (showNumbers ? " numbers" : ""),
+      id: block.id,
+      class: "matrix" + (showNumbers ? " numbers" : "") + (upright ? "" : " vertical"),
       "data-layer": state.layer, "data-head": state.head,
       "data-rows": values.length, "data-cols": cols,
     });
-    const colLabels = block.cols || Array.from({ length: cols }, (_, j) => String(j));
     const head = el("thead"), hr = el("tr");
     hr.appendChild(el("th"));
     colLabels.forEach((c) => hr.appendChild(el("th", { scope: "col" }, c)));
@@ -121,7 +125,9 @@
     const sec = el("section", { class: "step", id: "step", "data-step": state.step + 1,
                                "data-step-id": s.id });
     sec.appendChild(el("h2", { id: "step-title" }, `${state.step + 1}. ${fill(s.title)}`));
-    (s.formulas || []).forEach((f) => sec.appendChild(el("div", { class: "formula" }, f)));
+    if (s.formulas && s.formulas.length) {
+      sec.appendChild(el("div", { class: "formula", id: "formulas" }, s.formulas.join("\n")));
+    }
     (s.text || []).forEach((p) => sec.appendChild(el("p", {}, p)));
     const blocks = el("div", { class: "blocks" });
     for (const b of s.blocks || []) {
