@@ -33,7 +33,7 @@ test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/train_throughput.py
+	$(PY) bench/run_all.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check minitransformer tests bench
