@@ -26,6 +26,7 @@ from .config import (
     split_fields,
 )
 from .errors import ConfigError, UserError
+from .experiments import cli as experiments_cli
 from .interop import cli as interop_cli
 from .viz import cli as viz_cli
 
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_core_parsers(sub)
     interop_cli.add_parsers(sub)  # embed
     viz_cli.add_parsers(sub)  # attention, explain
+    experiments_cli.add_parsers(sub)  # compare; train's --early_stop
     translate_cli.add_parsers(sub)  # translate; seq2seq flags on train and evaluate
     return parser
 

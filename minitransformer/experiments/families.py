@@ -1,0 +1,144 @@
+"""What a model family plugs in to be compared: its data, its model and task, its long-window loss.
+
+``compare`` is family-agnostic; a family is an object with
+
+    name, config_class                 e.g. "gpt", GPTConfig
+    field_names()                      the config fields it accepts (beside TrainConfig's)
+    prepare(source, encoding, fields)  read the corpus and fit the tokenizer, once for all
+                                       variants -> a ``Prepared``
+    build(prepared, fields)            one variant: config, model, task, meta -> a ``Built``
+    loss_at_length(model, prepared, length, device, n_tokens)
+                                       val loss on windows of ``length`` tokens; raises
+                                       ``CannotEvaluate`` with a reason when that makes no sense
+
+and is registered in ``FAMILIES`` (or with ``register``). ``fields`` is the flat mapping of
+the family's own config fields (training fields are split off before).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import GPTConfig, config_from_dict, field_names
+from ..data import check_length, get_batch, load_text, split_ids
+from ..errors import UserError
+
+
+class CannotEvaluate(Exception):
+    """A length a model cannot be evaluated at; ``str()`` says why, for the results table."""
+
+
+@dataclass
+class Prepared:
+    """A corpus read once for every variant: text, tokenizer, id splits, the family's extras."""
+
+    source: str
+    encoding: str
+    tokenizer: Any
+    train_ids: torch.Tensor | None = None
+    val_ids: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_train_tokens(self) -> int:
+        return len(self.train_ids) if self.train_ids is not None else 0
+
+
+@dataclass
+class Built:
+    """One variant ready for ``train()``."""
+
+    config: Any  # the family's model config
+    model: nn.Module
+    task: Any  # what the trainer calls: batch, loss, tokens, sample
+    meta: dict  # stored in every config.json of the run
+    init_depth: int  # the n_layer the init scheme scales residual projections by
+
+
+class GPTFamily:
+    """Decoder-only language models on one token stream (characters or byte-level BPE)."""
+
+    name = "gpt"
+    config_class = GPTConfig
+
+    def __init__(self, tokenizer_kind: str = "char"):
+        self.tokenizer_kind = tokenizer_kind
+
+    def field_names(self) -> list[str]:
+        return field_names(GPTConfig)
+
+    def prepare(self, source: str, encoding: str, fields: dict) -> Prepared:
+        from ..training.subword import fit_tokenizer
+
+        text = load_text(source, encoding)
+        vocab = fields.get("vocab_size") if self.tokenizer_kind == "bpe" else None
+        tokenizer = fit_tokenizer(self.tokenizer_kind, text, vocab)
+        ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+        train_ids, val_ids = split_ids(ids)
+        return Prepared(source, encoding, tokenizer, train_ids, val_ids)
+
+    def build(self, prepared: Prepared, fields: dict) -> Built:
+        from ..models import GPT
+        from ..training.subword import SubwordLanguageModelTask
+        from ..training.trainer import LanguageModelTask
+
+        tok = prepared.tokenizer
+        cfg = config_from_dict(GPTConfig, {**fields, "vocab_size": tok.vocab_size})
+        check_length(prepared.train_ids, prepared.val_ids, cfg.block_size, prepared.source)
+        task_cls = LanguageModelTask if tok.kind == "char" else SubwordLanguageModelTask
+        task = task_cls(prepared.train_ids, prepared.val_ids, cfg.block_size)
+        meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+                "model": dataclasses.asdict(cfg),
+                "data": {"source": prepared.source, "encoding": prepared.encoding,
+                         "tokenizer": tok.kind}}
+        return Built(cfg, GPT(cfg), task, meta, cfg.n_layer)
+
+    @torch.no_grad()
+    def loss_at_length(self, model, prepared: Prepared, length: int, device,
+                       n_tokens: int = 16384, seed: int = 0) -> float:
+        """Mean next-token cross-entropy (nats) over random val windows of ``length`` tokens.
+
+        About ``n_tokens`` tokens in all (at least 4 windows), in batches of at most 8192.
+        """
+        val = prepared.val_ids
+        if length + 1 > len(val):
+            raise CannotEvaluate(f"val split too short ({len(val)} tokens)")
+        gen = torch.Generator().manual_seed(seed)
+        windows = max(4, n_tokens // length)
+        per_batch = max(1, min(windows, 8192 // length))
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        try:
+            while count < windows:
+                b = min(per_batch, windows - count)
+                x, y = get_batch(val, b, length, gen)  # (b, L), (b, L)
+                try:
+                    loss = model(x.to(device), y.to(device))[1]
+                except ValueError as e:  # e.g. a learned position table past block_size
+                    raise CannotEvaluate("cannot extrapolate") from e
+                total += loss.item() * b
+                count += b
+        finally:
+            model.train(was_training)
+        return total / count
+
+
+FAMILIES: dict[str, Any] = {"gpt": GPTFamily}
+
+
+def register(name: str, family_factory) -> None:
+    """Make a family comparable: ``family_factory(tokenizer_kind)`` returns the family object."""
+    FAMILIES[name] = family_factory
+
+
+def get_family(name: str, tokenizer_kind: str = "char"):
+    if name not in FAMILIES:
+        raise UserError(f"compare does not know the model family {name!r} yet; it knows "
+                        f"{', '.join(FAMILIES)}")
+    return FAMILIES[name](tokenizer_kind)
