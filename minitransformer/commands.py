@@ -13,6 +13,7 @@ import torch
 from .config import GPTConfig, TrainConfig, config_from_dict, get_preset, split_fields
 from .data import check_length, load_text, split_ids
 from .errors import ConfigError, UserError
+from .experiments.health import HealthGuard
 from .interop.cli import stream_text
 from .models import GPT
 from .tokenizers import tokenizer_from_dict
@@ -69,6 +70,12 @@ def cmd_train(args) -> int:
                                               tokenizer.vocab_size)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_ids, val_ids = split_ids(ids)
+    if not args.resume and args.preset is None and "time_budget" in train_over:
+        from .experiments.autosize import autosize_for_train  # size the model to the budget
+        preset = autosize_for_train(len(train_ids), len(val_ids), tokenizer.vocab_size,
+                                    model_over, train_over, echo=print)
+        model_cfg, train_cfg = _build_configs(preset, model_over, train_over,
+                                              tokenizer.vocab_size)
     check_length(train_ids, val_ids, model_cfg.block_size, source)
 
     torch.manual_seed(train_cfg.seed)
@@ -89,8 +96,10 @@ def cmd_train(args) -> int:
               f"{train_cfg.learning_rate:g}; run folder {out}")
     task_cls = LanguageModelTask if tokenizer.kind == "char" else SubwordLanguageModelTask
     task = task_cls(train_ids, val_ids, model_cfg.block_size)
+    health = HealthGuard(early_stop=getattr(args, "early_stop", False))
     result = train(model, tokenizer, task, train_cfg, out, meta, resume=args.resume,
-                   force=args.force, progress=not quiet and sys.stderr.isatty() or None)
+                   force=args.force, progress=not quiet and sys.stderr.isatty() or None,
+                   health=health)
     if result.interrupted:
         return 130
     print(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "

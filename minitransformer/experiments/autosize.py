@@ -34,7 +34,7 @@ TOKENS_PER_PARAM = 2.0
 CORPUS_FACTOR = 12.0  # at most 12 parameters per training token (nanoGPT: 10.7M on 1M chars)
 MIN_STEPS = 200
 PROBE_FRACTION, PROBE_MIN_S, PROBE_MAX_S = 0.03, 0.5, 15.0  # timing: 3% of the budget
-EVAL_FRACTION, N_EVALS = 0.08, 8
+EVAL_FRACTION, MAX_EVALS = 0.08, 8  # each evaluation also saves a checkpoint and a plot
 
 
 @dataclass(frozen=True)
@@ -84,20 +84,24 @@ def count_params(fields: dict) -> int:
 
 
 def measure_speed(fields: dict, batch_size: int, device, dtype, seconds: float) -> float:
-    """Training tokens/s of this model: one warm-up step, then timed steps (at least 2)."""
+    """Training tokens/s of this model: two warm-up steps, then timed steps (at least 3)."""
+    from ..data import get_batch
     from ..models import GPT
     from ..training.device import autocast
+    from ..training.optim import make_optimizer
 
     model = GPT(config_from_dict(GPTConfig, fields)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = make_optimizer(model, 1e-4, 0.1, (0.9, 0.99), device.type)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randint(fields["vocab_size"], (batch_size, fields["block_size"] + 1),
-                      generator=gen).to(device)  # (B, T+1)
+    data = torch.randint(fields["vocab_size"], (8 * batch_size * fields["block_size"],),
+                         generator=gen)  # a stand-in corpus
 
-    def step():
+    def step():  # what one training step does (trainer.py), on random tokens
+        x, y = (t.to(device) for t in get_batch(data, batch_size, fields["block_size"], gen))
         with autocast(device, dtype):
-            loss = model(x[:, :-1], x[:, 1:])[1]
+            loss = model(x, y)[1]
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -105,10 +109,11 @@ def measure_speed(fields: dict, batch_size: int, device, dtype, seconds: float) 
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    step()
+    for _ in range(2):  # the first steps allocate memory and pick kernels: not timed
+        step()
     sync()
     n, t0 = 0, time.perf_counter()
-    while n < 2 or time.perf_counter() - t0 < seconds:
+    while n < 3 or time.perf_counter() - t0 < seconds:
         step()
         n += 1
         sync()
@@ -162,7 +167,7 @@ def plan(budget: float, train_tokens: int, val_tokens: int, vocab_size: int,
             break
         if prev is not None and prev.tokens_per_s:  # predict first: skip hopeless timings
             ratio = _flops_per_token(prev) / _flops_per_token(trial)
-            if prev.tokens_per_s * ratio * budget < 0.5 * need:
+            if prev.tokens_per_s * ratio * budget < 0.25 * need:
                 trial.verdict = "too slow (predicted from the one before)"
                 break
         if probe_left <= 0:
@@ -203,12 +208,13 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
     epochs = tokens / max(train_tokens, 1)
     dropout = 0.0 if epochs < 4 else 0.1 if epochs < 20 else 0.2
     step_s = batch * block / tok_s
-    eval_interval = _nice(max(10, steps / N_EVALS))
+    n_planned = min(MAX_EVALS, max(3, int(budget / 6)))  # a 10 s run: 3; a minute: 8
+    eval_interval = _nice(max(10, steps / n_planned))
     n_evals = steps / eval_interval + 1
     eval_iters = int(min(200, max(10, EVAL_FRACTION * budget / n_evals / (step_s / 3))))
     lr = pick.learning_rate
     out = {**pick.fields, "dropout": dropout, "batch_size": batch, "learning_rate": lr,
-           "min_lr": lr / 10, "warmup_iters": min(100, max(10, steps // 10)),
+           "min_lr": round(lr / 10, 10), "warmup_iters": min(100, max(10, steps // 10)),
            "max_iters": 1_000_000, "time_budget": budget, "eval_interval": eval_interval,
            "eval_iters": eval_iters, "weight_decay": 0.1, "beta2": 0.99,
            "sample_tokens": 200 if budget >= 300 else 100 if budget >= 60 else 0}
@@ -236,3 +242,18 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
                           if k != "time_budget")
         lines.append(f"kept from the command line: {given}")
     return out, lines
+
+
+def autosize_for_train(train_tokens: int, val_tokens: int, vocab_size: int, model_over: dict,
+                       train_over: dict, echo=print) -> dict:
+    """``train --time-budget`` without ``--preset``: the settings to use, said out loud."""
+    from ..training.device import pick_device, pick_dtype, set_threads
+
+    set_threads()  # time with the threads training will use
+    device = pick_device(train_over.get("device", "auto"))
+    dtype = pick_dtype(train_over.get("dtype", "auto"), device)
+    fields, lines = plan(train_over["time_budget"], train_tokens, val_tokens, vocab_size,
+                         model_over, train_over, device, dtype)
+    for line in lines:
+        echo(line)
+    return fields
