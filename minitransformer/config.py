@@ -263,9 +263,9 @@ PRESETS: dict[str, dict[str, dict]] = {
     # The bidirectional encoder, trained as a masked language model (BERT's task #1).
     "encoder": {
         # Seconds: for tests and a first look.
-        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=32,
-                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=2e-3,
-                      min_lr=2e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=64),
+        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=32,
+                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=3e-3,
+                      min_lr=3e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=32),
         # About two minutes of training on 2 CPU cores.
         "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16,
                           max_iters=100_000, time_budget=120.0, eval_interval=500,
