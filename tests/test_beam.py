@@ -1,0 +1,152 @@
+"""Beam search: size 1 is greedy, a full-width beam is exhaustive, scores are what they say."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from minitransformer.config import Seq2SeqConfig
+from minitransformer.models import Seq2SeqTransformer
+from minitransformer.models.decoding import (
+    beam_search,
+    greedy_decode,
+    length_penalty_factor,
+    pad_batch,
+    translate_many,
+)
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def make_model(vocab_size: int = 17, scale: float = 0.5, seed: int = 0) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    model = Seq2SeqTransformer(Seq2SeqConfig(vocab_size=vocab_size, block_size=32, n_layer=2,
+                                             n_head=2, n_embd=16, d_ff=32, dropout=0.0))
+    with torch.no_grad():  # far-from-uniform outputs that depend on the input
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, scale)
+    return model.eval()
+
+
+def sources(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(3, vocab_size, (int(torch.randint(1, 6, (1,), generator=g)),),
+                          generator=g).tolist() + [EOS] for _ in range(n)]
+    return pad_batch(rows, PAD)
+
+
+@torch.no_grad()
+def sequence_logprob(model, src: torch.Tensor, tokens: list[int]) -> float:
+    """log P(tokens </s> | src) by teacher forcing, with the decoders' rule that <pad> and <s>
+    are never produced (their probability mass is simply lost, not renormalised)."""
+    tgt_in = torch.tensor([[BOS] + tokens])
+    tgt_out = torch.tensor(tokens + [EOS])
+    logits, _ = model(src, tgt_in)
+    logp = torch.log_softmax(logits[0].float(), dim=-1)  # (T, V)
+    return float(logp[torch.arange(len(tgt_out)), tgt_out].sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_size_one_is_greedy(seed, alpha):
+    model = make_model(seed=seed)
+    src = sources(6, 17, seed)
+    greedy = greedy_decode(model, src, max_len=12)
+    beam = beam_search(model, src, beam_size=1, max_len=12, length_penalty=alpha)
+    assert beam.tokens == greedy.tokens
+    if alpha == 0.0:
+        assert beam.scores == pytest.approx(greedy.scores, abs=1e-4)
+
+
+def exhaustive(model, src_row: torch.Tensor, vocab_size: int, max_len: int, alpha: float):
+    """Score every translation of at most max_len tokens (then </s>); return the best."""
+    real = range(3, vocab_size)
+    best, best_score = None, float("-inf")
+    for n in range(max_len + 1):
+        for seq in itertools.product(real, repeat=n):
+            score = sequence_logprob(model, src_row, list(seq)) / \
+                length_penalty_factor(n + 1, alpha)
+            if score > best_score:
+                best, best_score = list(seq), score
+    return best, best_score
+
+
+def discourage_early_end(model, bias: float = 1.5):
+    """Lower the </s> logit at the first target position, so that the best translation is
+    not simply the empty one (a random model's </s> is often likely at once)."""
+    decode = model.decode
+
+    def biased(tgt, memory, src_mask, cache=None, need_weights=False):
+        past = cache[0][0].length if cache else 0  # positions already decoded
+        logits, internals = decode(tgt, memory, src_mask, cache, need_weights)
+        first = (past + torch.arange(tgt.shape[1])) == 0  # (T,)
+        logits = logits.clone()
+        logits[:, first, EOS] -= bias
+        return logits, internals
+
+    model.decode = biased  # forward() and the decoders all go through model.decode
+    return model
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_full_width_beam_finds_the_exhaustive_best(alpha):
+    # Vocabulary <pad> <s> </s> a b and a beam as wide as the vocabulary (5). With at most 2
+    # tokens before </s> the beam never has to drop a prefix that could still win: after
+    # step 1 it holds both one-token prefixes, after step 2 all four two-token ones, and the
+    # only candidate it may lose (the 6th of 6 at step 2) ends in </s> below another such
+    # candidate of the same length. So it must find exactly the exhaustive optimum.
+    v, max_len = 5, 2
+    greedy_missed, lengths = 0, set()
+    for seed in range(4):
+        model = discourage_early_end(make_model(vocab_size=v, scale=0.5, seed=seed))
+        src = sources(4, v, seed)
+        beam = beam_search(model, src, beam_size=v, max_len=max_len, length_penalty=alpha)
+        greedy = greedy_decode(model, src, max_len=max_len)
+        for i in range(src.shape[0]):
+            row = src[i:i + 1, : int((src[i] != PAD).sum())]
+            want, want_score = exhaustive(model, row, v, max_len, alpha)
+            assert beam.tokens[i] == want
+            assert beam.scores[i] == pytest.approx(want_score, abs=1e-4)
+            greedy_missed += greedy.tokens[i] != want
+            lengths.add(len(want))
+    assert greedy_missed > 0  # the search had something to find beyond the greedy path
+    assert len(lengths) > 1
+
+
+def test_beam_scores_are_length_normalised_logprobs():
+    model = make_model(seed=4)
+    src = sources(5, 17, seed=4)
+    for alpha in (0.0, 1.0):
+        out = beam_search(model, src, beam_size=4, max_len=10, length_penalty=alpha)
+        for i, toks in enumerate(out.tokens):
+            row = src[i:i + 1, : int((src[i] != PAD).sum())]
+            want = sequence_logprob(model, row, toks) / length_penalty_factor(len(toks) + 1,
+                                                                              alpha)
+            assert out.scores[i] == pytest.approx(want, abs=1e-4)
+
+
+def test_wider_beam_scores_at_least_as_well_here_and_batches_equal_single():
+    model = make_model(seed=5)
+    src = sources(6, 17, seed=5)
+    greedy = greedy_decode(model, src, max_len=10)
+    beam = beam_search(model, src, beam_size=4, max_len=10)
+    assert all(b >= g - 1e-5 for b, g in zip(beam.scores, greedy.scores, strict=True))
+    for i in range(src.shape[0]):
+        row = src[i:i + 1, : int((src[i] != PAD).sum())]
+        assert beam_search(model, row, beam_size=4, max_len=10).tokens[0] == beam.tokens[i]
+
+
+def test_max_len_and_never_pad_or_bos():
+    model = make_model(seed=6)
+    src = sources(8, 17, seed=6)
+    for k in (1, 3):
+        out = translate_many(model, [r[r != PAD].tolist() for r in src], beam_size=k,
+                             max_len=3, batch_size=3)
+        assert all(len(t) <= 3 for t in out)
+        assert all(PAD not in t and BOS not in t and EOS not in t for t in out)
+        direct = (greedy_decode(model, src, max_len=3) if k == 1
+                  else beam_search(model, src, k, max_len=3)).tokens
+        assert out == direct  # sorted into length batches, returned in input order
