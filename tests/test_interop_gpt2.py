@@ -153,3 +153,39 @@ def test_load_hf_errors_are_user_errors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(UserError, match="safetensors"):
         load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_export_cli_writes_what_transformers_loads(tmp_path, kind, capsys):
+    """`minitransformer export RUN --hf OUT`: transformers reads the weights and the tokenizer
+    (same ids, same text back) and computes our logits."""
+    from minitransformer.cli import main
+    from minitransformer.training.checkpoint import write_model_files
+    from minitransformer.training.subword import fit_tokenizer
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. 你好！\n" * 20
+    tok = fit_tokenizer(kind, text, 280)
+    torch.manual_seed(7)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg).eval()
+    run = tmp_path / "run"
+    write_model_files(run, model, {"family": "gpt", "model": cfg.__dict__}, tok)
+    assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 0
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "out" /
+                                                                     "tokenizer.json"))
+    sample = "Before we proceed,\nhear me 你好"
+    ids = tok.encode(sample)
+    assert hf_tok(sample)["input_ids"] == ids
+    assert hf_tok.decode(ids) == sample
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out",
+                                                      attn_implementation="eager").eval()
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert (hf(x).logits - model(x)[0]).abs().max().item() <= 1e-4
+    capsys.readouterr()
+    assert main(["sample", "--hf", str(tmp_path / "out"), "--prompt", "hear", "--seed", "1",
+                 "--max-new-tokens", "5"]) == 0
+    via_hf = capsys.readouterr().out
+    assert main(["sample", str(run), "--prompt", "hear", "--seed", "1",
+                 "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out == via_hf

@@ -2,6 +2,7 @@
 
     minitransformer embed --hf path/to/all-MiniLM-L6-v2 "A man is eating food." "A man eats."
     minitransformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model,"
+    minitransformer export runs/shakespeare --hf exported/   (GPT2LMHeadModel.from_pretrained)
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import torch
 
 from ..errors import UserError
 from ..models import GPT, EncoderModel
-from .hf import describe, load_hf
+from .hf import describe, load_hf, save_hf
 from .tokenizer import load_hf_tokenizer
 
 
 def add_parsers(sub) -> None:
-    """Add ``embed`` beside the core subcommands."""
+    """Add ``embed`` and ``export`` beside the core subcommands."""
     e = sub.add_parser(
         "embed", help="sentence embeddings from a BERT-style model (e.g. all-MiniLM-L6-v2)",
         description="Mean-pool the encoder's last hidden states over the real tokens and "
@@ -34,6 +35,28 @@ def add_parsers(sub) -> None:
                    help="print JSON: {sentences, embeddings, similarity}")
     e.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"])
     e.set_defaults(func=cmd_embed)
+
+    x = sub.add_parser(
+        "export", help="write a trained GPT as a Hugging Face GPT-2 folder",
+        description="Write config.json, model.safetensors and tokenizer.json that "
+                    "transformers' GPT2LMHeadModel.from_pretrained and "
+                    "PreTrainedTokenizerFast(tokenizer_file=...) load. Needs GPT-2's options: "
+                    "learned positions, Pre-LN, biases.")
+    x.add_argument("dir", help="run folder (or checkpoint folder)")
+    x.add_argument("--hf", required=True, metavar="PATH", help="folder to write")
+    x.add_argument("--which", choices=["best", "last"], default="best")
+    x.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    from ..training import checkpoint as ckpt
+
+    model, tokenizer = ckpt.load_checkpoint(args.dir, args.which, "cpu")
+    folder = save_hf(model, args.hf, tokenizer)
+    print(f"wrote {folder}/ (config.json, model.safetensors, tokenizer.json): "
+          f"{describe(model)}")
+    print(f"try it: minitransformer sample --hf {folder} --prompt ...")
+    return 0
 
 
 def _device(name: str) -> torch.device:

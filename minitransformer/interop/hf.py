@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..models import GPT, EncoderModel
 from ..training.checkpoint import atomic_write, atomic_write_json
 from . import bert, gpt2
+from .tokenizer import char_tokenizer_as_hf
 from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights
 
 SUPPORTED = ("gpt2", "bert")
@@ -58,26 +59,30 @@ def save_hf(model, path, tokenizer=None) -> Path:
     """Write our ``GPT`` as a folder that ``GPT2LMHeadModel.from_pretrained`` loads.
 
     Raises ``UserError`` when the model's options have no GPT-2 equivalent (another
-    positional encoding, Post-LN, no biases, ...). ``tokenizer``: an ``HFTokenizer`` (or
-    anything with a ``tokenizers.Tokenizer`` in ``.tokenizer``) to save as tokenizer.json.
+    positional encoding, Post-LN, no biases, ...). ``tokenizer`` (char, BPE or one read by
+    ``load_hf_tokenizer``) is saved as tokenizer.json with the same ids.
     """
     if not isinstance(model, GPT):
         raise UserError(f"only a GPT can be written as GPT-2, not a {type(model).__name__}")
     hf_config = gpt2.config_to_hf(model.config)
+    tok_json = None
+    if tokenizer is not None:
+        inner = getattr(tokenizer, "tokenizer", None) or getattr(tokenizer, "hf", None)
+        if getattr(tokenizer, "kind", "") == "char":
+            inner = char_tokenizer_as_hf(tokenizer.chars)
+        if not hasattr(inner, "to_str"):  # not a tokenizers.Tokenizer inside
+            raise UserError(f"a {type(tokenizer).__name__} cannot be written as a Hugging Face "
+                            f"tokenizer.json")
+        tok_json = inner.to_str()
     tensors = gpt2.state_to_hf(model.state_dict(), model.config)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / "model.safetensors",
                  lambda tmp: save_file(tensors, tmp, {"format": "pt"}))
     atomic_write_json(folder / "config.json", hf_config)
-    inner = getattr(tokenizer, "tokenizer", None)
-    if inner is not None and hasattr(inner, "to_str"):
-        text = inner.to_str()
+    if tok_json is not None:
         atomic_write(folder / "tokenizer.json",
-                     lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    elif tokenizer is not None:
-        raise UserError(f"cannot write a {type(tokenizer).__name__} as a Hugging Face "
-                        f"tokenizer.json")
+                     lambda tmp: Path(tmp).write_text(tok_json, encoding="utf-8"))
     return folder
 
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from ..errors import UserError
 
@@ -51,6 +59,16 @@ class HFTokenizer:
         ids = [r + [pad] * (width - len(r)) for r in rows]
         mask = [[1] * len(r) + [0] * (width - len(r)) for r in rows]
         return ids, mask
+
+
+def char_tokenizer_as_hf(chars: list[str]) -> Tokenizer:
+    """Our character tokenizer as a ``tokenizers.Tokenizer`` (same ids): every character is a
+    word of a WordLevel vocabulary, and decoding joins them with nothing in between."""
+    unk = "?" if "?" in chars else None
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok
 
 
 def _gpt2_bpe(vocab: Path, merges: Path) -> Tokenizer:
