@@ -230,7 +230,7 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
         lines.append(f"  {t.shape():<34} {t.params / 1e6:6.2f}M parameters {speed}  "
                      f"{t.verdict}")
     why = "the largest that sees enough tokens in the budget" if pick.verdict == "fits" else \
-        "the smallest candidate: none is fast enough here"
+        f"the smallest candidate, though it is {pick.verdict}"
     reg = "no dropout" if dropout == 0 else f"dropout {dropout}"
     f = out
     lines.append(f"picked {f['n_layer']} layers x {f['n_embd']} wide ({f['n_head']} heads), "

@@ -74,6 +74,9 @@ class HealthGuard:
             self.best_val = min(self.best_val, val_loss)
         if self.streak < self.patience:
             return []
+        if self.streak > self.patience and not self.early_stop:  # said in full already
+            return [f"warning: val loss still rising while train loss falls ({self.streak} "
+                    f"evaluations in a row)"]
         message = (f"warning: overfitting? val loss rose {self.streak} evaluations in a row "
                    f"(now {val_loss:.4f}, best {self.best_val:.4f}) while train loss fell "
                    f"(now {train:.4f}); the best model stays at the top of the run folder")

@@ -1,0 +1,197 @@
+"""compare: name-seeded initial values, the same batches for every variant, the results files,
+length extrapolation, and the --vary parser."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+
+import pytest
+import torch
+
+from minitransformer import cli
+from minitransformer.config import GPTConfig
+from minitransformer.experiments import families
+from minitransformer.experiments.families import GPTFamily
+from minitransformer.experiments.seeding import reseed_parameters
+from minitransformer.models import GPT
+
+POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
+
+
+def _reference_seed(seed: int, name: str) -> int:
+    """The documented seed: first 8 bytes of sha256("seed:name"), little-endian, 63 bits."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _gpt(pos: str, norm: str = "pre", init: str = "gpt2") -> GPT:
+    return GPT(GPTConfig(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                         pos_encoding=pos, norm_position=norm, init=init))
+
+
+# ---- initial values -----------------------------------------------------------------------
+
+def test_without_reseeding_shared_parameters_differ():
+    """Why reseeding is needed: a learned position table shifts the global random stream."""
+    torch.manual_seed(0)
+    learned = _gpt("learned").state_dict()
+    torch.manual_seed(0)
+    rope = _gpt("rope").state_dict()
+    name = "decoder.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(learned[name], rope[name])
+
+
+def test_shared_parameters_start_equal_only_varied_parts_differ():
+    models = {}
+    for i, (pos, norm) in enumerate((p, n) for p in POSITIONS for n in ("pre", "post")):
+        torch.manual_seed(i)  # a different global stream for each: reseeding must not care
+        model = _gpt(pos, norm)
+        reseed_parameters(model, seed=7, scheme="gpt2", n_layer=2)
+        models[pos, norm] = model.state_dict()
+    names = {key: set(sd) for key, sd in models.items()}
+    shared = set.intersection(*names.values())
+    for key, sd in models.items():
+        for name in shared:
+            assert torch.equal(sd[name], models["sinusoidal", "pre"][name]), (key, name)
+        extra = names[key] - shared  # only the varied parts
+        assert extra == ({"pos_emb.weight"} if key[0] == "learned" else set()) | \
+            ({"decoder.final_norm.weight", "decoder.final_norm.bias"} if key[1] == "pre"
+             else set())
+    sd = models["learned", "pre"]
+    # the values are N(0, std) drawn from the name's own generator (independent recomputation)
+    for name, std in [("decoder.layers.1.self_attn.q_proj.weight", 0.02),
+                      ("decoder.layers.0.self_attn.out_proj.weight", 0.02 / math.sqrt(4)),
+                      ("decoder.layers.1.ffn.proj.weight", 0.02 / math.sqrt(4)),
+                      ("tok_emb.weight", 0.02), ("pos_emb.weight", 0.02)]:
+        gen = torch.Generator().manual_seed(_reference_seed(7, name))
+        expected = torch.randn(sd[name].shape, generator=gen) * std
+        torch.testing.assert_close(sd[name], expected, rtol=0, atol=1e-7)
+    assert torch.equal(sd["lm_head.weight"], sd["tok_emb.weight"])  # still tied
+    assert not sd["decoder.layers.0.self_attn.q_proj.bias"].any()
+    assert torch.equal(sd["decoder.layers.0.res_self.norm.weight"], torch.ones(16))
+    # another seed gives other values
+    other = _gpt("learned")
+    reseed_parameters(other, seed=8, scheme="gpt2", n_layer=2)
+    assert not torch.equal(other.state_dict()["tok_emb.weight"], sd["tok_emb.weight"])
+
+
+def test_xavier_scheme_matches_nn_init_bounds():
+    model = _gpt("rope", init="xavier")
+    reseed_parameters(model, seed=1, scheme="xavier", n_layer=2)
+    w = model.decoder.layers[0].ffn.fc.weight  # (64, 16): bound sqrt(6 / (16 + 64))
+    bound = math.sqrt(6 / (16 + 64))
+    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+
+
+# ---- the whole command --------------------------------------------------------------------
+
+class RecordingGPT(GPTFamily):
+    """GPTFamily that records each variant's training batches and its weights at step 0."""
+
+    batches: dict = {}
+    initial: dict = {}
+
+    def build(self, prepared, fields):
+        built = super().build(prepared, fields)
+        key = (fields["pos_encoding"], fields.get("norm_position", "pre"))
+        seen = self.batches.setdefault(key, [])
+        model, task_batch = built.model, built.task.batch
+
+        def batch(split, n, gen):
+            b = task_batch(split, n, gen)
+            if split == "train":
+                if not seen:  # the weights training starts from
+                    self.initial[key] = {k: v.clone() for k, v in model.state_dict().items()}
+                seen.append(b[0].clone())
+            return b
+
+        built.task.batch = batch
+        return built
+
+
+def test_compare_same_batches_same_start_plot_and_tables(tmp_path, monkeypatch, tiny_corpus,
+                                                        capsys):
+    RecordingGPT.batches, RecordingGPT.initial = {}, {}
+    monkeypatch.setitem(families.FAMILIES, "gpt", RecordingGPT)
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", "--data", str(tiny_corpus), "--out", str(out),
+                     "--vary", "pos_encoding=sinusoidal,learned,rope,alibi",
+                     "--preset", "debug", "--n_embd", "32", "--block_size", "16",
+                     "--max-iters", "6", "--eval_interval", "3", "--eval_iters", "2",
+                     "--sample_tokens", "0", "--eval-lengths", "8,16,64", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    keys = [(p, "pre") for p in POSITIONS]
+    # the same six batches, in the same order, for every variant
+    assert all(len(RecordingGPT.batches[k]) == 6 for k in keys)
+    for k in keys[1:]:
+        for a, b in zip(RecordingGPT.batches[keys[0]], RecordingGPT.batches[k], strict=True):
+            assert torch.equal(a, b)
+    # the same starting values for every shared parameter; the learned table only in one
+    start = RecordingGPT.initial
+    shared = set.intersection(*(set(start[k]) for k in keys))
+    assert "decoder.layers.1.ffn.fc.weight" in shared
+    for k in keys[1:]:
+        for name in shared:
+            assert torch.equal(start[k][name], start[keys[0]][name]), (k, name)
+    assert set(start["learned", "pre"]) - shared == {"pos_emb.weight"}
+
+    # one run folder per variant, written by the trainer; the figure and the tables
+    for p in POSITIONS:
+        assert (out / p / "model.safetensors").exists() and (out / p / "log.csv").exists()
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "results.csv", newline="", encoding="utf-8") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert list(rows) == POSITIONS
+    for p, r in rows.items():
+        log = (out / p / "log.csv").read_text(encoding="utf-8").splitlines()
+        log_vals = [float(x["val_loss"]) for x in csv.DictReader(log) if x["val_loss"]]
+        assert float(r["final_val_loss"]) == pytest.approx(log_vals[-1], abs=1e-4)
+        assert float(r["tokens_per_s"]) > 0 and int(r["steps"]) == 6
+        meta = json.loads((out / p / "config.json").read_text(encoding="utf-8"))
+        assert int(r["parameters"]) == GPT(GPTConfig(**meta["model"])).num_params()
+        # within the training context every variant is evaluated; beyond it, not learned
+        assert float(r["val_loss_at_8"]) > 0 and float(r["val_loss_at_16"]) > 0
+    assert rows["learned"]["val_loss_at_64"] == "cannot extrapolate"
+    for p in ("sinusoidal", "rope", "alibi"):
+        assert math.isfinite(float(rows[p]["val_loss_at_64"]))
+    table = (out / "results.md").read_text(encoding="utf-8")
+    assert "| pos_encoding=rope |" in table and "cannot extrapolate" in table
+    assert "val loss @64" in table.splitlines()[0]
+
+
+def test_loss_at_length_equals_direct_cross_entropy():
+    """One window of length L: the family's loss is the model's mean next-token loss on it."""
+    fam = GPTFamily()
+    ids = torch.arange(100) % 13
+    prepared = families.Prepared("x", "utf-8", None, ids, ids)
+    model = _gpt("alibi").eval()
+    got = fam.loss_at_length(model, prepared, 40, "cpu", n_tokens=1)  # 4 windows of 40
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(len(ids) - 40, (4,), generator=gen)
+    logits = model(torch.stack([ids[s:s + 40] for s in starts]))[0]  # (4, 40, V)
+    targets = torch.stack([ids[s + 1:s + 41] for s in starts])
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 23), targets.reshape(-1))
+    assert got == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(families.CannotEvaluate, match="cannot extrapolate"):
+        fam.loss_at_length(_gpt("learned"), prepared, 40, "cpu")
+    with pytest.raises(families.CannotEvaluate, match="too short"):
+        fam.loss_at_length(model, prepared, 100, "cpu")
+
+
+@pytest.mark.parametrize("vary, message", [
+    (["pos_encodin=rope,alibi"], "did you mean pos_encoding"),
+    (["pos_encoding=rope"], "single variant"),
+    (["pos_encoding=rope,spiral"], "not one of"),
+    (["n_layer=2,two"], "cannot read 'two'"),
+    (["pos_encoding"], "FIELD=a,b"),
+])
+def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
+    args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]
+    for v in vary:
+        args += ["--vary", v]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
