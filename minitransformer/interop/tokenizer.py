@@ -75,6 +75,8 @@ def _gpt2_bpe(vocab: Path, merges: Path) -> Tokenizer:
     tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    if tok.token_to_id("<|endoftext|>") is not None:  # GPT-2's one special token
+        tok.add_special_tokens(["<|endoftext|>"])
     return tok
 
 
