@@ -1,6 +1,6 @@
 """Attention's cost against sequence length N: the reference path against the fast path.
 
-    python bench/attention_scaling.py                   # CPU, N = 64 ... 4096, ~3 minutes
+    python bench/attention_scaling.py --threads 1       # CPU, N = 64 ... 8192, ~2 minutes
     python bench/attention_scaling.py --device cuda --max-n 16384
 
 Both paths compute softmax(Q K^T / sqrt(d_k)) V with the causal mask, as
@@ -90,6 +90,16 @@ class PeakMemory:
         else:
             self.peak = float("nan")
         return False
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def run_path(path: str, q, k, v):
@@ -218,7 +228,9 @@ def markdown(results, slopes, args, device, machine: str, png: Path, md: Path) -
              f"forward pass only. *reference* is `scaled_dot_product_attention` in "
              f"`minitransformer/nn/attention.py` (it materialises the N x N weights); *fast* "
              f"is PyTorch's fused `F.scaled_dot_product_attention(is_causal=True)`, the path "
-             f"`MultiHeadAttention` takes when no weights are asked for.", "",
+             f"`MultiHeadAttention` takes when no weights are asked for. Time is the best of "
+             f"at least {args.min_repeat} runs; on a shared machine the small sizes are the "
+             f"noisiest. Memory is the peak growth while one call runs.", "",
              f"![attention time and memory against N, log-log]({rel})", "",
              "| N | reference ms | fast ms | fast speed-up | reference MiB | fast MiB |",
              "|---:|---:|---:|---:|---:|---:|"]
@@ -239,10 +251,12 @@ def markdown(results, slopes, args, device, machine: str, png: Path, md: Path) -
     lines += ["", f"Log-log slopes over N >= {args.fit_from}: reference time "
               f"{s('reference', 'time')}, memory {s('reference', 'memory')}; fast time "
               f"{s('fast', 'time')}, memory {s('fast', 'memory')}. A slope of 2 is "
-              f"quadratic: both paths do the same O(N^2 d) arithmetic, but only the reference "
-              f"path keeps O(N^2) memory; the fused kernel's extra memory grows about "
-              f"linearly (its output and per-block scratch), which is what lets long "
-              f"contexts fit.", END]
+              f"quadratic: both paths do the same O(N^2 d) arithmetic, so both times grow "
+              f"about 4x per doubling of N (a little more for the reference path at the "
+              f"largest sizes, where it writes and reads gigabyte-sized score matrices). Only "
+              f"the reference path keeps O(N^2) memory; the fused kernel's extra memory grows "
+              f"linearly (its output and per-block scratch), which is what lets long contexts "
+              f"fit.", END]
     return "\n".join(lines) + "\n"
 
 
@@ -262,15 +276,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     p.add_argument("--min-n", type=int, default=64)
-    p.add_argument("--max-n", type=int, default=4096)
+    p.add_argument("--max-n", type=int, default=8192)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-size", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: PyTorch's); 1 is steadier on a busy machine")
     p.add_argument("--min-repeat", type=int, default=3)
     p.add_argument("--min-time", type=float, default=0.5, help="seconds of repeats per point")
     p.add_argument("--budget", type=float, default=170.0, help="seconds for the whole sweep")
-    p.add_argument("--fit-from", type=int, default=512, help="fit slopes over N >= this")
+    p.add_argument("--fit-from", type=int, default=1024, help="fit slopes over N >= this")
     p.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "attention_scaling.png")
     p.add_argument("--md", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     p.add_argument("--no-write", action="store_true", help="print only")
@@ -279,12 +295,14 @@ def main(argv=None) -> int:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     fixed_malloc_threshold()
     if device.type == "cuda":
         machine = torch.cuda.get_device_name(device)
     else:
-        machine = f"{platform.processor() or platform.machine()} CPU, " \
-                  f"{torch.get_num_threads()} threads"
+        n = torch.get_num_threads()
+        machine = f"{cpu_name()}, {n} thread{'s' if n > 1 else ''}"
     machine += f", torch {torch.__version__}"
     print(f"attention scaling on {machine}")
     results = sweep(args, device)
