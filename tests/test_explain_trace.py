@@ -208,3 +208,19 @@ def test_explain_needs_a_folder_and_html(tmp_path, capsys):
     assert main(["explain", "--worked-example", "--out",
                  str(tmp_path / "no" / "such" / "x.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_explain_says_which_families_it_covers(tmp_path, capsys):
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(["the cat sat", "el gato"] * 10, vocab_size=40)
+    cfg = Seq2SeqConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2,
+                        n_embd=8)
+    meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
+            "model": dataclasses.asdict(cfg)}
+    write_model_files(tmp_path / "s2s", Seq2SeqTransformer(cfg), meta, tok)
+    assert main(["explain", str(tmp_path / "s2s"), "--text", "the cat", "--out",
+                 str(tmp_path / "x.html")]) == 2
+    assert "minitransformer attention" in capsys.readouterr().err
