@@ -138,7 +138,7 @@ class Parser(argparse.ArgumentParser):
                         known += [s for b in sub._actions for s in b.option_strings]
             words = message.split(":", 1)[1].split()
             hints = [difflib.get_close_matches(w.split("=")[0], known, n=1) for w in words]
-            hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints) if h]
+            hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints, strict=True) if h]
             if hints:
                 message += f" (did you mean: {', '.join(hints)}?)"
         super().error(message)

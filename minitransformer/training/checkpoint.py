@@ -47,11 +47,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def atomic_write(path: Path, write) -> None:
     """Call write(tmp_path), fsync the file and rename it onto ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
