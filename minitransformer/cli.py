@@ -175,7 +175,8 @@ def add_core_parsers(sub) -> None:
     t.add_argument("--model", default="gpt", choices=["gpt", "encoder", "seq2seq"],
                    help="model family (a .tsv corpus implies seq2seq)")
     t.add_argument("--preset", default=None,
-                   help=f"named settings (gpt: {', '.join(PRESETS['gpt'])}; default cpu-small)")
+                   help="named settings; default cpu-small. " + "; ".join(
+                       f"{family}: {', '.join(names)}" for family, names in PRESETS.items()))
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--force", action="store_true", help="replace a run already in --out")
     t.add_argument("--encoding", default="utf-8", help="text encoding of the corpus")
