@@ -4,14 +4,17 @@
     model, tokenizer = load_checkpoint("runs/shakespeare")
 """
 
-from .config import PRESETS, GPTConfig, TrainConfig
+from .config import PRESETS, EncoderConfig, GPTConfig, TrainConfig
 from .errors import UserError
+from .interop import load_hf, save_hf
 from .models import GPT
+from .models.encoder import EncoderModel
 from .nn import MultiHeadAttention, scaled_dot_product_attention
 from .tokenizers import CharTokenizer
 from .training.checkpoint import load_checkpoint
 
 __version__ = "0.1.0"
 
-__all__ = ["GPT", "PRESETS", "CharTokenizer", "GPTConfig", "MultiHeadAttention", "TrainConfig",
-           "UserError", "load_checkpoint", "scaled_dot_product_attention"]
+__all__ = ["GPT", "PRESETS", "CharTokenizer", "EncoderConfig", "EncoderModel", "GPTConfig",
+           "MultiHeadAttention", "TrainConfig", "UserError", "load_checkpoint", "load_hf",
+           "save_hf", "scaled_dot_product_attention"]

@@ -7,8 +7,6 @@ on the training corpus; the model's vocabulary size then follows the tokenizer's
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import UserError
 from ..tokenizers import BPETokenizer, CharTokenizer
 from .trainer import LanguageModelTask
@@ -34,11 +32,4 @@ def fit_tokenizer(kind: str, text: str, vocab_size: int | None = None,
     return BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)
 
 
-class SubwordLanguageModelTask(LanguageModelTask):
-    """Next-token prediction whose samples start from a newline encoded by any tokenizer."""
-
-    def sample(self, model, tokenizer, n_tokens: int, device) -> str:
-        ids = tokenizer.encode("\n") or self.data["val"][:1].tolist()
-        idx = torch.tensor([ids], device=device)  # (1, T)
-        out = model.generate(idx, n_tokens, temperature=0.8, top_k=50, seed=0)
-        return tokenizer.decode(out[0, idx.shape[1]:].tolist())
+SubwordLanguageModelTask = LanguageModelTask  # its sample() already handles any tokenizer

@@ -78,8 +78,11 @@ class LanguageModelTask:
         return batch[0].numel()
 
     def sample(self, model, tokenizer, n_tokens: int, device) -> str:
-        prompt = "\n" if "\n" in getattr(tokenizer, "stoi", {}) else tokenizer.decode([0])
-        idx = torch.tensor([tokenizer.encode(prompt)], device=device)
+        try:  # start from a newline where the tokenizer has one, else from a val token
+            ids = tokenizer.encode("\n")
+        except UserError:
+            ids = []
+        idx = torch.tensor([ids or self.data["val"][:1].tolist()], device=device)  # (1, T)
         out = model.generate(idx, n_tokens, temperature=0.8, top_k=50, seed=0)
         return tokenizer.decode(out[0, idx.shape[1]:].tolist())
 
