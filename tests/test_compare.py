@@ -94,8 +94,8 @@ class RecordingGPT(GPTFamily):
     batches: dict = {}
     initial: dict = {}
 
-    def build(self, prepared, fields):
-        built = super().build(prepared, fields)
+    def build(self, prepared, fields, seed=0):
+        built = super().build(prepared, fields, seed)
         key = (fields["pos_encoding"], fields.get("norm_position", "pre"))
         seen = self.batches.setdefault(key, [])
         model, task_batch = built.model, built.task.batch
@@ -195,3 +195,29 @@ def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
+    """The seq2seq family: same command, its own task and model; no length extrapolation."""
+    words = ["the", "cat", "dog", "sees", "a", "house", "red", "big", "runs", "home"]
+    spanish = ["el", "gato", "perro", "ve", "una", "casa", "roja", "grande", "corre", "hogar"]
+    lines = ["en\tes"]
+    for i in range(80):
+        idx = [(i * k + k) % len(words) for k in (1, 3, 7)]
+        lines.append(" ".join(words[j] for j in idx) + ".\t" + " ".join(spanish[j] for j in idx)
+                     + ".")
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", "--model", "seq2seq", "--data", str(tmp_path / "pairs.tsv"),
+                     "--out", str(out), "--vary", "norm_position=pre,post", "--preset", "debug",
+                     "--vocab_size", "300", "--n_embd", "32", "--max-iters", "2",
+                     "--eval_interval", "2", "--eval_iters", "1", "--sample_tokens", "0",
+                     "--eval-lengths", "64", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    for name in ("pre", "post"):
+        meta = json.loads((out / name / "config.json").read_text(encoding="utf-8"))
+        assert meta["family"] == "seq2seq" and meta["model"]["norm_position"] == name
+        header = (out / name / "log.csv").read_text(encoding="utf-8").splitlines()[0]
+        assert "enc_attn_entropy_0" in header and "cross_attn_entropy_1" in header
+    table = (out / "results.md").read_text(encoding="utf-8")
+    assert "| norm_position=post |" in table and "not defined for sentence pairs" in table

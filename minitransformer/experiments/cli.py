@@ -43,8 +43,9 @@ def add_parsers(sub) -> None:
                     "batches and from the same initial values for every parameter they share, "
                     "then write compare.png and results.md / results.csv in --out (one run "
                     "folder per variant beside them). Any config field is a flag.")
-    c.add_argument("--data", default="shakespeare",
-                   help="corpus: a bundled name or a path (default shakespeare)")
+    c.add_argument("--data", default=None,
+                   help="corpus: a bundled name or a path (default shakespeare; for seq2seq "
+                        "bible_en_es)")
     c.add_argument("--out", required=True, help="folder for the runs and the results")
     c.add_argument("--vary", action="append", required=True, metavar="FIELD=a,b,...",
                    help="a setting and its values; repeat for a grid (their product)")
@@ -63,7 +64,18 @@ def add_parsers(sub) -> None:
     _add_early_stop(c)
     add_config_flags(c, GPTConfig, "model (GPTConfig)")
     add_config_flags(c, TrainConfig, "training (TrainConfig)")
+    _add_seq2seq_fields(c)
     c.set_defaults(func=cmd_compare)
+
+
+def _add_seq2seq_fields(parser: argparse.ArgumentParser) -> None:
+    """The encoder-decoder's own fields (--label_smoothing, --batch_tokens, ...)."""
+    from ..config import Seq2SeqConfig
+    from ..parallel import ParallelDataConfig
+    from ..translate_cli import _add_fields
+
+    _add_fields(parser, Seq2SeqConfig, "encoder-decoder only (Seq2SeqConfig, --model seq2seq)")
+    _add_fields(parser, ParallelDataConfig, "sentence pairs (--model seq2seq)")
 
 
 def _add_early_stop(parser: argparse.ArgumentParser) -> None:
@@ -115,14 +127,21 @@ def parse_lengths(text: str | None) -> list[int]:
 
 
 def cmd_compare(args) -> int:
+    from ..config import Seq2SeqConfig
+    from ..parallel import ParallelDataConfig
     from ..training.device import pick_device, pick_dtype
-    from .compare import parse_vary, run_compare, write_results
+    from .compare import parse_vary, run_compare, split_train_fields, write_results
     from .families import get_family
 
     family = get_family(args.model, args.tokenizer)
-    hints = {**typing.get_type_hints(family.config_class), **typing.get_type_hints(TrainConfig)}
+    classes = (GPTConfig, Seq2SeqConfig, ParallelDataConfig, TrainConfig)
+    hints = {k: v for cls in classes for k, v in typing.get_type_hints(cls).items()}
     known = set(family.field_names()) | set(field_names(TrainConfig))
-    given = {k: v for k, v in vars(args).items() if k in known}
+    given = {k: v for k, v in vars(args).items() if k in hints}
+    foreign = sorted(set(given) - known)
+    if foreign:
+        raise UserError(f"--{foreign[0]} is not a {family.name} setting (--model "
+                        f"{'gpt' if family.name != 'gpt' else 'seq2seq'} has it)")
     variants = parse_vary(args.vary, _convert(hints))
     clash = set(variants[0].fields) & set(given)
     if clash:
@@ -130,10 +149,11 @@ def cmd_compare(args) -> int:
     lengths = parse_lengths(args.eval_lengths)
     echo = print  # --quiet only hides the progress bars, as for train
 
-    prepared = family.prepare(args.data, args.encoding, given)
+    source = args.data or family.default_data
     if args.preset is None and "time_budget" in given and family.name == "gpt":
         from .autosize import plan
 
+        prepared = family.prepare(source, args.encoding, given)
         model_over, train_over = split_fields(given, GPTConfig, TrainConfig)
         device = pick_device(given.get("device", "auto"))
         base, lines = plan(given["time_budget"], prepared.n_train_tokens,
@@ -148,14 +168,15 @@ def cmd_compare(args) -> int:
             raise UserError(str(e)) from None
         if "max_iters" in given and "time_budget" not in given:
             base.pop("time_budget", None)  # --max-iters N: a run of N steps, not of a time
+        prepared = family.prepare(source, args.encoding,
+                                  split_train_fields({**base, **given}, family)[0])
     base.update(given)
-    echo(f"corpus {args.data}: {prepared.n_train_tokens:,} training tokens; "
-         f"{len(variants)} variants into {args.out}")
+    echo(f"corpus {source}: {prepared.summary}; {len(variants)} variants into {args.out}")
     results = run_compare(family, prepared, base, variants, Path(args.out), lengths,
                           args.early_stop, args.force,
                           progress=not args.quiet and sys.stderr.isatty() or None, echo=echo)
     varied = set(variants[0].fields)
-    settings = {"data": args.data, "model": family.name, "vary": args.vary,
+    settings = {"data": source, "model": family.name, "vary": args.vary,
                 "eval_lengths": lengths, "preset": args.preset, "base": base,
                 "block_size": None if "block_size" in varied else base.get("block_size"),
                 "time_budget": None if "time_budget" in varied else base.get("time_budget")}

@@ -145,7 +145,7 @@ def run_compare(family, prepared: Prepared, base: dict, variants: list[Variant],
         model_fields, train_fields = split_train_fields({**base, **variant.fields}, family)
         train_cfg = config_from_dict(TrainConfig, train_fields)
         torch.manual_seed(train_cfg.seed)
-        built = family.build(prepared, model_fields)
+        built = family.build(prepared, model_fields, train_cfg.seed)
         reseed_parameters(built.model, train_cfg.seed, built.config.init, built.init_depth)
         built.meta["compare"] = {"variant": variant.name, "fields": variant.fields}
         n_params = built.model.num_params()

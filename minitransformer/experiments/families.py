@@ -2,11 +2,11 @@
 
 ``compare`` is family-agnostic; a family is an object with
 
-    name, config_class                 e.g. "gpt", GPTConfig
+    name, config_class, default_data   e.g. "gpt", GPTConfig, "shakespeare"
     field_names()                      the config fields it accepts (beside TrainConfig's)
     prepare(source, encoding, fields)  read the corpus and fit the tokenizer, once for all
                                        variants -> a ``Prepared``
-    build(prepared, fields)            one variant: config, model, task, meta -> a ``Built``
+    build(prepared, fields, seed)      one variant: config, model, task, meta -> a ``Built``
     loss_at_length(model, prepared, length, device, n_tokens)
                                        val loss on windows of ``length`` tokens; raises
                                        ``CannotEvaluate`` with a reason when that makes no sense
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import GPTConfig, config_from_dict, field_names
+from ..config import GPTConfig, Seq2SeqConfig, config_from_dict, field_names, split_fields
 from ..data import check_length, get_batch, load_text, split_ids
 from ..errors import UserError
 
@@ -43,6 +43,7 @@ class Prepared:
     train_ids: torch.Tensor | None = None
     val_ids: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
+    summary: str = ""  # one line about the corpus, for the console
 
     @property
     def n_train_tokens(self) -> int:
@@ -65,6 +66,7 @@ class GPTFamily:
 
     name = "gpt"
     config_class = GPTConfig
+    default_data = "shakespeare"
 
     def __init__(self, tokenizer_kind: str = "char"):
         self.tokenizer_kind = tokenizer_kind
@@ -80,9 +82,10 @@ class GPTFamily:
         tokenizer = fit_tokenizer(self.tokenizer_kind, text, vocab)
         ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
         train_ids, val_ids = split_ids(ids)
-        return Prepared(source, encoding, tokenizer, train_ids, val_ids)
+        return Prepared(source, encoding, tokenizer, train_ids, val_ids,
+                        summary=f"{len(train_ids):,} training tokens")
 
-    def build(self, prepared: Prepared, fields: dict) -> Built:
+    def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         from ..models import GPT
         from ..training.subword import SubwordLanguageModelTask
         from ..training.trainer import LanguageModelTask
@@ -129,7 +132,71 @@ class GPTFamily:
         return total / count
 
 
-FAMILIES: dict[str, Any] = {"gpt": GPTFamily}
+class Seq2SeqFamily:
+    """The encoder-decoder on sentence pairs, built as ``train --model seq2seq`` builds it."""
+
+    name = "seq2seq"
+    config_class = Seq2SeqConfig
+    default_data = "bible_en_es"
+
+    def __init__(self, tokenizer_kind: str = "bpe"):
+        pass  # always a joint BPE vocabulary
+
+    def field_names(self) -> list[str]:
+        from ..parallel import ParallelDataConfig
+
+        return field_names(Seq2SeqConfig) + field_names(ParallelDataConfig)
+
+    def _split(self, fields: dict):
+        from ..parallel import ParallelDataConfig
+
+        model, data = split_fields(fields, Seq2SeqConfig, ParallelDataConfig)
+        return model, config_from_dict(ParallelDataConfig, data)
+
+    def prepare(self, source: str, encoding: str, fields: dict) -> Prepared:
+        from ..parallel import load_parallel, split_indices
+        from ..tokenizers import BPETokenizer
+
+        model, data_cfg = self._split(fields)
+        corpus = load_parallel(source, None, data_cfg.src, data_cfg.tgt, encoding)
+        splits = split_indices(corpus.groups)
+        texts = [corpus.src[i] for i in splits["train"]] + [corpus.tgt[i] for i in
+                                                             splits["train"]]
+        tokenizer = BPETokenizer.train(texts, model.get("vocab_size", 8000))
+        return Prepared(source, encoding, tokenizer, extra={"corpus": corpus, "splits": splits},
+                        summary=f"{len(splits['train']):,} training pairs "
+                                f"{corpus.src_lang} -> {corpus.tgt_lang}")
+
+    def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
+        from ..commands_seq2seq import _encode_splits, _sample_sources
+        from ..models import Seq2SeqTransformer
+        from ..training.seq2seq_task import Seq2SeqTask
+
+        tok, corpus, splits = prepared.tokenizer, prepared.extra["corpus"], \
+            prepared.extra["splits"]
+        model_fields, data_cfg = self._split(fields)
+        cfg = config_from_dict(Seq2SeqConfig, {
+            **model_fields, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
+            "bos_id": tok.bos_id, "eos_id": tok.eos_id})
+        encoded, _ = _encode_splits(tok, corpus, splits, cfg, data_cfg)
+        task = Seq2SeqTask(encoded, cfg.pad_id, cfg.bos_id, cfg.eos_id, data_cfg.batch_tokens,
+                           _sample_sources(corpus, splits, tok), seed=seed)
+        meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
+                "model": dataclasses.asdict(cfg),
+                "data": {"source": prepared.source, "source_tgt": None,
+                         "encoding": prepared.encoding, "tokenizer": "bpe",
+                         "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang,
+                         "config": dataclasses.asdict(data_cfg),
+                         "pairs": {k: len(v) for k, v in splits.items()}}}
+        return Built(cfg, Seq2SeqTransformer(cfg), task, meta,
+                     cfg.encoder_layers + cfg.decoder_layers)
+
+    def loss_at_length(self, model, prepared: Prepared, length: int, device,
+                       n_tokens: int = 16384, seed: int = 0) -> float:
+        raise CannotEvaluate("not defined for sentence pairs")
+
+
+FAMILIES: dict[str, Any] = {"gpt": GPTFamily, "seq2seq": Seq2SeqFamily}
 
 
 def register(name: str, family_factory) -> None:

@@ -75,7 +75,8 @@ def plot_comparison(results, out_dir: Path, png_path: Path, block_size: int | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = _lengths(results)
+    lengths = [n for n in _lengths(results)  # only lengths some variant could be evaluated at
+               if any(isinstance(r.lengths.get(n), float) for r in results)]
     fig, axes = plt.subplots(1, 2 if lengths else 1, figsize=(12 if lengths else 7, 4.5),
                              dpi=100, squeeze=False)
     ax = axes[0][0]
@@ -101,9 +102,8 @@ def plot_comparison(results, out_dir: Path, png_path: Path, block_size: int | No
                 ax.plot(*zip(*pts, strict=True), "o-", ms=4, lw=1.6,
                         color=colors[i % len(colors)], label=label)
         if block_size:
-            ax.axvline(block_size, color="grey", ls="--", lw=1)
-            ax.text(block_size, ax.get_ylim()[1], " training context", va="top",
-                    fontsize=8, color="grey")
+            ax.axvline(block_size, color="grey", ls="--", lw=1,
+                       label=f"training context ({block_size})")
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_xlabel("evaluation window (tokens)")
