@@ -4,9 +4,11 @@ command line, and a real 10-second run stops on its own."""
 from __future__ import annotations
 
 import csv
+import os
 import time
 
 import pytest
+import torch
 
 from minitransformer import cli
 from minitransformer.config import GPTConfig
@@ -96,3 +98,18 @@ def test_ten_second_budget_stops_on_its_own(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert float(rows[-1]["elapsed_s"]) == pytest.approx(10, abs=1.0)  # the budget, spent
     assert rows[-1]["val_loss"] and int(rows[-1]["step"]) < 1_000_000
+
+
+@pytest.mark.parametrize("one, two, expect_one", [(30_000, 700, True), (20_000, 32_000, False)])
+def test_one_thread_is_kept_only_when_clearly_faster(monkeypatch, one, two, expect_one):
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(autosize, "measure_speed",
+                        lambda *a: one if torch.get_num_threads() == 1 else two)
+    torch.set_num_threads(2)
+    try:
+        note = autosize.pick_cpu_threads(65, torch.float32)
+        assert (torch.get_num_threads() == 1) == expect_one
+        assert (os.environ.get("OMP_NUM_THREADS") == "1") == expect_one
+        assert ("1 thread runs" in note) == expect_one
+    finally:
+        torch.set_num_threads(1)

@@ -262,8 +262,35 @@ def autosize_for_train(train_tokens: int, val_tokens: int, vocab_size: int, mode
     set_threads()  # time with the threads training will use
     device = pick_device(train_over.get("device", "auto"))
     dtype = pick_dtype(train_over.get("dtype", "auto"), device)
+    if device.type == "cpu":
+        note = pick_cpu_threads(vocab_size, dtype)
+        if note:
+            echo(note)
     fields, lines = plan(train_over["time_budget"], train_tokens, val_tokens, vocab_size,
                          model_over, train_over, device, dtype)
     for line in lines:
         echo(line)
     return fields
+
+
+def pick_cpu_threads(vocab_size: int, dtype, seconds: float = 0.3) -> str:
+    """On a CPU whose cores other programs are using, one thread can beat several that wait
+    for each other. Time the smallest candidate both ways; keep one thread (for the training
+    too, through OMP_NUM_THREADS) when it is clearly faster. Returns a note, or ''."""
+    import os
+
+    n = torch.get_num_threads()
+    if n == 1 or "OMP_NUM_THREADS" in os.environ:
+        return ""
+    c, cpu = LADDER[0], torch.device("cpu")
+    fields = {"vocab_size": vocab_size, "n_layer": c.n_layer, "n_embd": c.n_embd,
+              "n_head": c.n_head, "block_size": c.block_size}
+    many = measure_speed(fields, c.batch_size, cpu, dtype, seconds)
+    torch.set_num_threads(1)
+    one = measure_speed(fields, c.batch_size, cpu, dtype, seconds)
+    if one > 1.3 * many:
+        os.environ["OMP_NUM_THREADS"] = "1"  # the trainer's set_threads() keeps it
+        return (f"autosize: 1 thread runs {one / many:.1f}x faster than {n} here (other "
+                f"programs are using the cores), so training uses 1")
+    torch.set_num_threads(n)
+    return ""
