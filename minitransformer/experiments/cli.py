@@ -129,7 +129,6 @@ def parse_lengths(text: str | None) -> list[int]:
 def cmd_compare(args) -> int:
     from ..config import Seq2SeqConfig
     from ..parallel import ParallelDataConfig
-    from ..training.device import pick_device, pick_dtype
     from .compare import parse_vary, run_compare, split_train_fields, write_results
     from .families import get_family
 
@@ -151,16 +150,12 @@ def cmd_compare(args) -> int:
 
     source = args.data or family.default_data
     if args.preset is None and "time_budget" in given and family.name == "gpt":
-        from .autosize import plan
+        from .autosize import autosize_for_train
 
         prepared = family.prepare(source, args.encoding, given)
         model_over, train_over = split_fields(given, GPTConfig, TrainConfig)
-        device = pick_device(given.get("device", "auto"))
-        base, lines = plan(given["time_budget"], prepared.n_train_tokens,
-                           len(prepared.val_ids), prepared.tokenizer.vocab_size, model_over,
-                           train_over, device, pick_dtype(given.get("dtype", "auto"), device))
-        for line in lines:
-            echo(line)
+        base = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),
+                                  prepared.tokenizer.vocab_size, model_over, train_over, echo)
     else:
         try:
             base = get_preset(family.name, args.preset or DEFAULT_PRESET)
