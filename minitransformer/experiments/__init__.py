@@ -2,9 +2,10 @@
 
     compare.py      train variants (the product of --vary lists) on the same data order and
                     the same initial values, then a plot and a table of the results
-    families.py     what a model family plugs in to be compared (its task and model builder)
+    families.py     what a model family plugs in to be compared (its task and model builder,
+                    and its loss on windows longer than the training context)
     seeding.py      re-initialise every parameter from a generator seeded by its name
-    extrapolate.py  val loss on windows longer than the training context
+    report.py       the comparison's figure and tables
     health.py       overfitting warning / early stop, attention entropy per layer
     autosize.py     model size, context and batch picked from corpus, device speed and budget
     cli.py          the ``compare`` subcommand
