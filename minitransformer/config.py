@@ -61,6 +61,10 @@ class GPTConfig:
     init: Literal["gpt2", "xavier"] = "gpt2"
     tie_weights: bool = True
     layer_norm_eps: float = 1e-5
+    # The paper's sqrt(d_model) embedding scale (section 3.4), with token embeddings drawn at
+    # std d_model^-0.5 so that they enter at unit size, as large as sinusoidal positions
+    # (GPT-2's std 0.02 embeddings are drowned by them).
+    scale_embeddings: bool = False
 
     def __post_init__(self):
         _check_positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",

@@ -47,6 +47,9 @@ class GPT(nn.Module):
                                max_len=c.block_size)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.init, c.n_layer)
+        self.emb_scale = math.sqrt(c.n_embd) if c.scale_embeddings else 1.0
+        if c.scale_embeddings:
+            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=c.n_embd ** -0.5)
         if c.tie_weights:  # share the token embedding with the output head (Press & Wolf 2017)
             self.lm_head.weight = self.tok_emb.weight
 
@@ -67,7 +70,7 @@ class GPT(nn.Module):
         """
         b, t = idx.shape
         past = cache[0][0].length if cache else 0  # positions already in the cache
-        x = self.tok_emb(idx)  # (B, T, C)
+        x = self.tok_emb(idx) * self.emb_scale  # (B, T, C)
         internals_tok = x
         pos = None
         if self.pos_emb is not None:
