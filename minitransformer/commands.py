@@ -13,12 +13,12 @@ import torch
 from .config import GPTConfig, TrainConfig, config_from_dict, get_preset, split_fields
 from .data import check_length, load_text, split_ids
 from .errors import ConfigError, UserError
-from .experiments.health import HealthGuard
 from .interop.cli import stream_text
 from .models import GPT
 from .tokenizers import tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import pick_device
+from .training.health import HealthGuard
 from .training.subword import SubwordLanguageModelTask, fit_tokenizer
 from .training.trainer import LanguageModelTask, estimate_loss, train
 
@@ -30,6 +30,45 @@ def _build_configs(preset: dict, model_over: dict, train_over: dict, vocab_size:
     model_cfg = config_from_dict(GPTConfig, {**model_p, **model_over, "vocab_size": vocab_size})
     train_cfg = config_from_dict(TrainConfig, {**train_p, **train_over})
     return model_cfg, train_cfg
+
+
+@dataclasses.dataclass
+class Resume:
+    """What ``--resume`` takes from a run's newest checkpoint."""
+
+    meta: dict
+    source: str
+    encoding: str
+    tokenizer: object
+    model_cfg: object
+    train_cfg: TrainConfig
+
+
+def load_resume(out: Path, family: str, config_cls, model_over: dict, train_over: dict,
+                args) -> Resume:
+    """Read the newest checkpoint of ``out`` for ``--resume``: the model config is the run's
+    own (repeating the original flags is fine, changing them is an error); training fields
+    given on the command line (e.g. a larger --max_iters) override the saved ones."""
+    found = ckpt.list_checkpoints(out)
+    if not found:
+        raise UserError(f"nothing to resume in {out}: it has no checkpoints/ folder")
+    meta = ckpt.read_meta(found[-1])
+    if meta.get("family", "gpt") != family:
+        raise UserError(f"{out} holds a {meta.get('family')} run, not a {family} run")
+    changed = [k for k, v in model_over.items() if meta["model"].get(k) != v]
+    if changed:
+        raise UserError(f"--resume keeps the run's model; {', '.join(changed)} differ(s) "
+                        f"from the checkpoint")
+    data = meta.get("data", {})
+    try:
+        tokenizer = tokenizer_from_dict(json.loads(
+            (found[-1] / ckpt.TOKENIZER_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the run's tokenizer: {e}") from None
+    return Resume(meta, args.data or data.get("source"),
+                  data.get("encoding", getattr(args, "encoding", "utf-8")), tokenizer,
+                  config_from_dict(config_cls, meta["model"]),
+                  config_from_dict(TrainConfig, {**meta["train"], **train_over}))
 
 
 def cmd_train(args) -> int:
@@ -44,21 +83,10 @@ def cmd_train(args) -> int:
     model_over, train_over = config_overrides(args)
     out = Path(args.out)
     if args.resume:
-        found = ckpt.list_checkpoints(out)
-        if not found:
-            raise UserError(f"nothing to resume in {out}: it has no checkpoints/ folder")
-        meta = ckpt.read_meta(found[-1])
-        changed = [k for k, v in model_over.items() if meta["model"].get(k) != v]
-        if changed:  # repeating the original command with --resume is fine; changing it is not
-            raise UserError(f"--resume keeps the run's model; {', '.join(changed)} differ(s) "
-                            f"from the checkpoint")
-        data = meta.get("data", {})
-        source, encoding = args.data or data.get("source"), data.get("encoding", args.encoding)
+        r = load_resume(out, "gpt", GPTConfig, model_over, train_over, args)
+        source, encoding, tokenizer = r.source, r.encoding, r.tokenizer
+        model_cfg, train_cfg = r.model_cfg, r.train_cfg
         text = load_text(source, encoding)
-        tokenizer = tokenizer_from_dict(
-            json.loads((found[-1] / ckpt.TOKENIZER_FILE).read_text(encoding="utf-8")))
-        model_cfg = config_from_dict(GPTConfig, meta["model"])
-        train_cfg = config_from_dict(TrainConfig, {**meta["train"], **train_over})
     else:
         source, encoding = args.data or "shakespeare", args.encoding
         preset = get_preset("gpt", args.preset or DEFAULT_PRESET)

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from .commands import load_resume
 from .config import EncoderConfig, TrainConfig, config_from_dict, field_names, get_preset
 from .config import split_fields as split_config
 from .data import check_length, load_text, split_ids
 from .errors import UserError
 from .models import FAMILIES, EncoderModel
-from .tokenizers import tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import pick_device
+from .training.health import HealthGuard
 from .training.mlm import MaskedLMTask
 from .training.subword import TOKENIZERS, fit_tokenizer
 from .training.trainer import estimate_loss, train
@@ -75,24 +75,11 @@ def cmd_train_encoder(args) -> int:
     model_over, train_over = _given_fields(args)
     out = Path(args.out)
     if args.resume:
-        found = ckpt.list_checkpoints(out)
-        if not found:
-            raise UserError(f"nothing to resume in {out}: it has no checkpoints/ folder")
-        meta = ckpt.read_meta(found[-1])
-        if meta.get("family") != "encoder":
-            raise UserError(f"{out} holds a {meta.get('family')} run, not an encoder")
-        changed = [k for k, v in model_over.items() if meta["model"].get(k) != v]
-        if changed:  # repeating the original command with --resume is fine; changing it is not
-            raise UserError(f"--resume keeps the run's model; {', '.join(changed)} differ(s) "
-                            f"from the checkpoint")
-        data = meta.get("data", {})
-        source, encoding = args.data or data.get("source"), data.get("encoding", args.encoding)
+        r = load_resume(out, "encoder", EncoderConfig, model_over, train_over, args)
+        source, encoding, tokenizer = r.source, r.encoding, r.tokenizer
+        model_cfg, train_cfg = r.model_cfg, r.train_cfg
         text = load_text(source, encoding)
-        tokenizer = tokenizer_from_dict(json.loads(
-            (found[-1] / ckpt.TOKENIZER_FILE).read_text(encoding="utf-8")))
-        model_cfg = config_from_dict(EncoderConfig, meta["model"])
-        train_cfg = config_from_dict(TrainConfig, {**meta["train"], **train_over})
-        kind = data.get("tokenizer", "char")
+        kind = r.meta.get("data", {}).get("tokenizer", "char")
     else:
         source, encoding = args.data or "shakespeare", args.encoding
         kind = getattr(args, "tokenizer", None) or "char"
@@ -124,7 +111,8 @@ def cmd_train_encoder(args) -> int:
               f"{model_cfg.n_head} heads, {model_cfg.n_embd} wide, context "
               f"{model_cfg.block_size}); masked-LM, 15% of tokens chosen (80/10/10)")
     result = train(model, tokenizer, task, train_cfg, out, meta, resume=args.resume,
-                   force=args.force, progress=not args.quiet and sys.stderr.isatty() or None)
+                   force=args.force, progress=not args.quiet and sys.stderr.isatty() or None,
+                   health=HealthGuard(early_stop=getattr(args, "early_stop", False)))
     if result.interrupted:
         return 130
     device = pick_device(train_cfg.device)

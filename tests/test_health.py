@@ -13,7 +13,7 @@ import torch
 
 from minitransformer import cli
 from minitransformer.data import corpus_path
-from minitransformer.experiments.health import HealthGuard, attention_entropy
+from minitransformer.training.health import HealthGuard, attention_entropy
 
 
 def _log(run) -> list[dict]:

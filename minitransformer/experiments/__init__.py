@@ -6,9 +6,8 @@
                     and its loss on windows longer than the training context)
     seeding.py      re-initialise every parameter from a generator seeded by its name
     report.py       the comparison's figure and tables
-    health.py       overfitting warning / early stop, attention entropy per layer
     autosize.py     model size, context and batch picked from corpus, device speed and budget
     cli.py          the ``compare`` subcommand
 
-Nothing is imported here eagerly: the trainer imports ``health`` and must not pull in the rest.
+The training-health guard every run uses lives beside the trainer, in training/health.py.
 """

@@ -31,8 +31,8 @@ from ..config import TrainConfig, closest, config_from_dict, field_names
 from ..errors import UserError
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
+from ..training.health import HealthGuard
 from .families import CannotEvaluate, Prepared
-from .health import HealthGuard
 from .seeding import reseed_parameters
 
 

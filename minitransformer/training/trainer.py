@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data import get_batch
 from ..errors import UserError
-from ..experiments.health import HealthGuard
 from . import checkpoint as ckpt
 from . import distributed
 from .curves import plot_loss_curve
 from .device import autocast, maybe_compile, pick_dtype, set_threads
+from .health import HealthGuard
 from .optim import make_optimizer
 from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
