@@ -86,6 +86,11 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder = Decoder(c.decoder_layers, cross_attention=True, **stack)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.init, c.encoder_layers + c.decoder_layers)
+        if c.scale_embeddings:
+            # E ~ N(0, d^-0.5), so that E * sqrt(d) has unit variance, as in the paper's
+            # reference code (tensor2tensor). Xavier's far smaller values would leave the
+            # tokens a whisper under the positional encoding: training starts much slower.
+            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=c.n_embd ** -0.5)
         if c.tie_weights:  # pre-softmax layer = embedding matrix (section 3.4)
             self.lm_head.weight = self.tok_emb.weight
         self.emb_scale = math.sqrt(c.n_embd) if c.scale_embeddings else 1.0
