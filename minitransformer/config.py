@@ -42,6 +42,20 @@ def _check_positive(cfg, *names: str) -> None:
             raise ConfigError(f"{name} must be positive, got {value}")
 
 
+def _check_transformer(cfg, *extra_sizes: str) -> None:
+    """Checks every model family shares: sizes positive, heads dividing the width, dropout a
+    probability, switches among their allowed values, RoPE's even head size."""
+    _check_positive(cfg, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",
+                    "layer_norm_eps", *extra_sizes)
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {cfg.dropout}")
+    _check_literals(cfg)
+    if cfg.pos_encoding == "rope" and (cfg.n_embd // cfg.n_head) % 2:
+        raise ConfigError("rope needs an even head size (n_embd / n_head)")
+
+
 @dataclass
 class GPTConfig:
     """A decoder-only language model (GPT-2 when the defaults are kept)."""
@@ -67,16 +81,7 @@ class GPTConfig:
     scale_embeddings: bool = False
 
     def __post_init__(self):
-        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",
-                        "layer_norm_eps")
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
-                              f"({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        _check_literals(self)
-        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ConfigError("rope needs an even head size (n_embd / n_head)")
+        _check_transformer(self)
 
     @property
     def ffn_width(self) -> int:
@@ -108,21 +113,12 @@ class EncoderConfig:
     mask_id: int | None = None  # id of the [MASK] token used in masked-LM training
 
     def __post_init__(self):
-        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff",
-                        "layer_norm_eps")
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
-                              f"({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_transformer(self)
         if self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size must not be negative, got {self.type_vocab_size}")
         if self.mask_id is not None and not 0 <= self.mask_id < self.vocab_size:
             raise ConfigError(f"mask_id ({self.mask_id}) must be a token id below vocab_size "
                               f"({self.vocab_size})")
-        _check_literals(self)
-        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ConfigError("rope needs an even head size (n_embd / n_head)")
 
     @property
     def ffn_width(self) -> int:
@@ -162,17 +158,9 @@ class Seq2SeqConfig:
     eos_id: int = 2
 
     def __post_init__(self):
-        _check_positive(self, "vocab_size", "block_size", "n_layer", "n_encoder_layer",
-                        "n_decoder_layer", "n_head", "n_embd", "d_ff", "layer_norm_eps")
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head "
-                              f"({self.n_head})")
-        for name in ("dropout", "label_smoothing"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        _check_literals(self)
-        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ConfigError("rope needs an even head size (n_embd / n_head)")
+        _check_transformer(self, "n_encoder_layer", "n_decoder_layer")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         ids = (self.pad_id, self.bos_id, self.eos_id)
         if len(set(ids)) < 3 or not all(0 <= i < self.vocab_size for i in ids):
             raise ConfigError(f"pad_id, bos_id and eos_id must be distinct ids below "
