@@ -42,10 +42,11 @@ def _stack(maps: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gpt_views(model, tokenizer, text: str, target: str | None = None) -> list[AttentionView]:
-    """Masked self-attention of a decoder-only model."""
+def self_attention_views(model, tokenizer, text: str, target: str | None = None):
+    """One stack's self-attention: masked for a decoder-only GPT, bidirectional for an
+    encoder-only (BERT-style) model."""
     if target is not None:
-        raise UserError("--target is for encoder-decoder models; this is a decoder-only GPT")
+        raise UserError("--target is for encoder-decoder models; this one has a single stack")
     model.eval()
     ids = encode_text(tokenizer, text, model.config.block_size)
     device = next(model.parameters()).device
@@ -54,17 +55,7 @@ def gpt_views(model, tokenizer, text: str, target: str | None = None) -> list[At
     return [AttentionView("self-attention", _stack(internals.attentions), labels, labels)]
 
 
-@torch.no_grad()
-def encoder_views(model, tokenizer, text: str, target: str | None = None):
-    """Bidirectional self-attention of an encoder-only (BERT-style) model."""
-    if target is not None:
-        raise UserError("--target is for encoder-decoder models; this is an encoder")
-    model.eval()
-    ids = encode_text(tokenizer, text, model.config.block_size)
-    device = next(model.parameters()).device
-    _, _, internals = model(torch.tensor([ids], device=device), return_internals=True)
-    labels = token_labels(tokenizer, ids)
-    return [AttentionView("self-attention", _stack(internals.attentions), labels, labels)]
+gpt_views = encoder_views = self_attention_views
 
 
 @torch.no_grad()
