@@ -215,3 +215,26 @@ def test_malicious_pickle_is_never_unpickled(tmp_path):
     with pytest.raises(Exception):  # noqa: B017 - any refusal will do
         torch.load(tmp_path / "evil.pt", weights_only=True)
     assert not marker.exists()
+
+
+def test_a_hugging_face_folder_with_a_malicious_pickle_fails_cleanly(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 10, "n_positions":'
+                                        ' 8, "n_embd": 8, "n_layer": 1, "n_head": 2}')
+    torch.save({"wte.weight": Evil()}, folder / "pytorch_model.bin")
+    from minitransformer.errors import UserError
+    from minitransformer.interop import load_hf
+
+    with pytest.raises(UserError):
+        load_hf(folder)
+    assert not marker.exists()
+    assert main(["sample", "--hf", str(folder), "--prompt", "a"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert not marker.exists()
