@@ -88,6 +88,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             model = model.module  # DistributedDataParallel
         elif hasattr(model, "_orig_mod"):
             model = model._orig_mod  # torch.compile
+        elif hasattr(model, "_compiled") and isinstance(getattr(model, "eager", None),
+                                                       torch.nn.Module):
+            model = model.eager  # device.EagerFallback
         else:
             return model
 

@@ -74,13 +74,38 @@ def set_threads() -> None:
     torch.set_num_threads(max(1, min(n, torch.get_num_threads())))
 
 
+class EagerFallback(torch.nn.Module):
+    """Runs the compiled model; the first time it fails (compilation happens lazily, on the
+    first call), says so once and runs the plain model from then on."""
+
+    def __init__(self, compiled, eager: torch.nn.Module):
+        super().__init__()
+        self.eager = eager  # the one registered module: state_dict keys stay the plain ones
+        self._compiled = [compiled]  # kept out of the module tree
+
+    @property
+    def config(self):
+        return self.eager.config
+
+    def forward(self, *args, **kwargs):
+        if self._compiled:
+            try:
+                return self._compiled[0](*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - compile errors come in many types
+                print(f"note: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); "
+                      f"continuing without it", file=sys.stderr)
+                self._compiled.clear()
+        return self.eager(*args, **kwargs)
+
+
 def maybe_compile(model, mode: str, device: torch.device):
-    """torch.compile when asked (auto = on CUDA); returns (model, compiled?)."""
+    """torch.compile when asked (auto = on CUDA), falling back to eager mode if compilation
+    fails now or on the first call; returns (model to call, compiled?)."""
     want = mode == "on" or (mode == "auto" and device.type == "cuda")
     if not want:
         return model, False
     try:
-        return torch.compile(model), True
+        return EagerFallback(torch.compile(model), model), True
     except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
         print(f"note: torch.compile is unavailable ({type(e).__name__}: {e}); running eagerly",
               file=sys.stderr)

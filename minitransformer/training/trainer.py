@@ -16,7 +16,6 @@ import dataclasses
 import math
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,20 +197,6 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
     compiled_model, _ = maybe_compile(model, cfg.compile, device)
     run_model = distributed.wrap(compiled_model, info, device)
 
-    def forward_loss(part):
-        """The loss; if torch.compile fails on the first call, warn and run eagerly."""
-        nonlocal compiled_model, run_model
-        try:
-            return task.loss(run_model, part)
-        except Exception as e:  # noqa: BLE001 - compile errors come in many types
-            if compiled_model is model:
-                raise
-            print(f"note: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); "
-                  f"continuing without it", file=sys.stderr)
-            compiled_model = model
-            run_model = distributed.wrap(model, info, device)
-            return task.loss(run_model, part)
-
     def full_meta(val_loss: float) -> dict:
         return {**meta, "train": dataclasses.asdict(cfg), "step": step,
                 "val_loss": val_loss, "best_val_loss": min(best, val_loss)}
@@ -289,7 +274,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
                     else run_model.no_sync()  # all-reduce gradients once, after the last
                 with sync:
                     with autocast(device, dtype):
-                        loss = forward_loss(part) / cfg.grad_accum
+                        loss = task.loss(run_model, part) / cfg.grad_accum
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach()
             if scaler:
