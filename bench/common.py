@@ -15,7 +15,7 @@ def sync(device: torch.device) -> None:
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None,
                 repeat: int = 10) -> float:
     """Measured FLOP/s of one large square matmul on this device in this dtype."""
-    n = n or (8192 if device.type == "cuda" else 1024)
+    n = n or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):

@@ -235,9 +235,9 @@ PRESETS: dict[str, dict[str, dict]] = {
                       max_iters=200, eval_interval=100, eval_iters=20, learning_rate=3e-3,
                       min_lr=3e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=80),
         # About two minutes of training on 2 CPU cores (the `make demo` model).
-        "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12,
+        "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16,
                           max_iters=100_000, time_budget=120.0, eval_interval=500,
-                          eval_iters=200, learning_rate=2e-3, min_lr=2e-4, warmup_iters=100,
+                          eval_iters=200, learning_rate=3e-3, min_lr=3e-4, warmup_iters=100,
                           beta2=0.99, weight_decay=0.1, dropout=0.0),
         # nanoGPT's shakespeare-char GPU config.
         "shakespeare-char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256,

@@ -52,7 +52,7 @@ class Candidate:
 LADDER = (
     Candidate(2, 64, 4, 32, 16, 3e-3),
     Candidate(3, 96, 4, 64, 12, 3e-3),
-    Candidate(4, 128, 4, 64, 12, 2e-3),  # the cpu-small preset
+    Candidate(4, 128, 4, 64, 16, 3e-3),  # the cpu-small preset
     Candidate(4, 192, 6, 128, 12, 1.5e-3),
     Candidate(6, 256, 8, 128, 16, 1e-3),
     Candidate(6, 384, 6, 256, 64, 1e-3),  # nanoGPT's shakespeare-char
