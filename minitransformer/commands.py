@@ -17,7 +17,7 @@ from .interop.cli import stream_text
 from .models import GPT
 from .tokenizers import tokenizer_from_dict
 from .training import checkpoint as ckpt
-from .training.device import pick_device
+from .training.device import decoding_threads, pick_device
 from .training.health import HealthGuard
 from .training.subword import SubwordLanguageModelTask, fit_tokenizer
 from .training.trainer import LanguageModelTask, estimate_loss, train
@@ -145,6 +145,7 @@ def cmd_sample(args) -> int:
         raise UserError("give a run folder to sample from (or --hf PATH)")
     device = pick_device(args.device)
     model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, device)
+    decoding_threads(model, device)
     if meta["family"] == "encoder":
         raise UserError(f"{args.dir} holds an encoder, which fills in masks rather than "
                         f"continuing text; try: minitransformer evaluate {args.dir}")

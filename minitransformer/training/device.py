@@ -98,6 +98,15 @@ class EagerFallback(torch.nn.Module):
         return self.eager(*args, **kwargs)
 
 
+def decoding_threads(model: torch.nn.Module, device: torch.device) -> None:
+    """Decoding one sequence runs many tiny kernels: on a CPU a small model decodes fastest
+    on one thread, and far faster than on two when the machine is busy (the second thread's
+    share of each kernel waits for a core). Larger models keep every core for their matrices."""
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ \
+            and sum(p.numel() for p in model.parameters()) < 20_000_000:
+        torch.set_num_threads(1)
+
+
 def maybe_compile(model, mode: str, device: torch.device):
     """torch.compile when asked (auto = on CUDA), falling back to eager mode if compilation
     fails now or on the first call; returns (model to call, compiled?)."""
