@@ -40,8 +40,8 @@ def _add_fields(parser: argparse.ArgumentParser, cls, title: str) -> None:
         kind, choices = _field_type(hints[f.name])
         group.add_argument(*flags, dest=f.name, type=kind, choices=choices,
                            default=argparse.SUPPRESS, metavar=None if choices else "V",
-                           help=f"{HELP.get(f.name, FIELD_HELP.get(f.name, f.name))} "
-                                f"(default {f.default})")
+                           help=HELP.get(f.name, FIELD_HELP.get(f.name, f.name))
+                           + ("" if f.default is None else f" (default {f.default})"))
 
 
 def _decoding_flags(parser: argparse.ArgumentParser, beam_default: int) -> None:
