@@ -285,9 +285,9 @@ PRESETS: dict[str, dict[str, dict]] = {
         # 3,000: 8.4). No dropout: at this budget the model underfits. The 15-minute run
         # sees about 3x the tokens of those runs.
         "cpu-small": dict(n_layer=3, n_head=4, n_embd=128, d_ff=512, vocab_size=4000,
-                          dropout=0.0, batch_size=128, batch_tokens=1200, train_max_len=80,
-                          max_iters=1_000_000, time_budget=840.0, eval_interval=1000,
-                          eval_iters=40, learning_rate=2e-3, min_lr=1e-4, warmup_iters=200,
+                          dropout=0.0, batch_size=256, batch_tokens=1200, train_max_len=80,
+                          max_iters=1_000_000, time_budget=900.0, eval_interval=1000,
+                          eval_iters=20, learning_rate=2e-3, min_lr=1e-4, warmup_iters=200,
                           weight_decay=0.0, beta1=0.9, beta2=0.98, grad_clip=1.0,
                           sample_tokens=60),
         # The paper's base model (sections 5.1-5.4): 6+6 layers, d_model 512, 8 heads,
