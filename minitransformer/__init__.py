@@ -4,17 +4,19 @@
     model, tokenizer = load_checkpoint("runs/shakespeare")
 """
 
-from .config import PRESETS, EncoderConfig, GPTConfig, TrainConfig
+from .config import PRESETS, EncoderConfig, GPTConfig, Seq2SeqConfig, TrainConfig
 from .errors import UserError
 from .interop import load_hf, save_hf
 from .models import GPT
 from .models.encoder import EncoderModel
+from .models.seq2seq import Seq2SeqTransformer
 from .nn import MultiHeadAttention, scaled_dot_product_attention
-from .tokenizers import CharTokenizer
+from .tokenizers import BPETokenizer, CharTokenizer
 from .training.checkpoint import load_checkpoint
 
 __version__ = "0.1.0"
 
-__all__ = ["GPT", "PRESETS", "CharTokenizer", "EncoderConfig", "EncoderModel", "GPTConfig",
-           "MultiHeadAttention", "TrainConfig", "UserError", "load_checkpoint", "load_hf",
-           "save_hf", "scaled_dot_product_attention"]
+__all__ = ["GPT", "PRESETS", "BPETokenizer", "CharTokenizer", "EncoderConfig", "EncoderModel",
+           "GPTConfig", "MultiHeadAttention", "Seq2SeqConfig", "Seq2SeqTransformer",
+           "TrainConfig", "UserError", "load_checkpoint", "load_hf", "save_hf",
+           "scaled_dot_product_attention"]
