@@ -26,6 +26,7 @@ from .parallel import ParallelDataConfig, encode_pairs, load_parallel, split_ind
 from .tokenizers import BPETokenizer, tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import pick_device
+from .training.health import HealthGuard
 from .training.seq2seq_task import Seq2SeqTask
 from .training.trainer import train
 
@@ -160,7 +161,8 @@ def cmd_train_seq2seq(args) -> int:
         print(f"training for {budget}, batches of <= {train_cfg.batch_size} pairs and "
               f"<= {data_cfg.batch_tokens} tokens, lr {lr}; run folder {out}")
     result = train(model, tokenizer, task, train_cfg, out, meta, resume=args.resume,
-                   force=args.force, progress=not args.quiet and sys.stderr.isatty() or None)
+                   force=args.force, progress=not args.quiet and sys.stderr.isatty() or None,
+                   health=HealthGuard(early_stop=getattr(args, "early_stop", False)))
     if result.interrupted:
         return 130
     print(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "
