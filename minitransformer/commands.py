@@ -137,6 +137,16 @@ def cmd_train(args) -> int:
     return 0
 
 
+def check_sampling_args(args) -> None:
+    """The sampling flags every ``sample`` checks before loading anything heavy."""
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.temperature < 0 or not math.isfinite(args.temperature):
+        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+    if not args.prompt:
+        raise UserError("--prompt is empty: give at least one character")
+
+
 def cmd_sample(args) -> int:
     if getattr(args, "hf", None):
         from .interop.cli import cmd_sample_hf
@@ -149,12 +159,7 @@ def cmd_sample(args) -> int:
     if meta["family"] == "encoder":
         raise UserError(f"{args.dir} holds an encoder, which fills in masks rather than "
                         f"continuing text; try: minitransformer evaluate {args.dir}")
-    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.temperature < 0 or not math.isfinite(args.temperature):
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
-    if not args.prompt:
-        raise UserError("--prompt is empty: give at least one character")
+    check_sampling_args(args)
     idx = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=device)
     out = sys.stdout
     out.write(args.prompt)

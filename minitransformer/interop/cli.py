@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 import torch
@@ -124,12 +123,9 @@ def stream_text(tokens, tokenizer):
 
 def cmd_sample_hf(args) -> int:
     """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2 folder."""
-    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.temperature < 0 or not math.isfinite(args.temperature):
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
-    if not args.prompt:
-        raise UserError("--prompt is empty: give at least one character")
+    from ..commands import check_sampling_args
+
+    check_sampling_args(args)
     device = _device(args.device)
     model = load_hf(args.hf, device)
     if not isinstance(model, GPT):

@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import UserError
+from ..training.checkpoint import load_tensors
 
 
 def hf_folder(path) -> Path:
@@ -75,20 +76,6 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_mapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Copy ``tensors`` (already renamed to our names) into ``model``; every parameter that is
-    not a tied copy must be present with the right shape."""
-    expected = model.state_dict()
-    owners = {}  # tied parameters: any one of the names sharing storage will do
-    for name, t in expected.items():
-        owners.setdefault(t.data_ptr(), []).append(name)
-    missing = [names[0] for names in owners.values()
-               if not any(n in tensors for n in names)]
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise UserError(f"{source}: the weights do not fit the model its config describes "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    for name, t in tensors.items():
-        if t.shape != expected[name].shape:
-            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, expected "
-                            f"{tuple(expected[name].shape)}")
-    model.load_state_dict(tensors, strict=False)
+    """Copy ``tensors`` (already renamed to our names) into ``model``, with the checks our own
+    checkpoints get."""
+    load_tensors(model, tensors, source)

@@ -238,16 +238,24 @@ def load_weights(model, path: Path) -> None:
     except (OSError, SafetensorError, ValueError) as e:
         raise UserError(f"{path} is not a readable safetensors file ({e}); it may be "
                         f"truncated or corrupt") from None
+    load_tensors(model, tensors, str(path))
+
+
+def load_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Copy named tensors into ``model``: every parameter must be there with the right shape,
+    except that of tied parameters (one storage, several names) any one name will do."""
     expected = model.state_dict()
-    tied = set(expected) - set(model_tensors(model))
-    missing = set(expected) - set(tensors) - tied
-    unexpected = set(tensors) - set(expected)
+    owners: dict[int, list[str]] = {}
+    for name, t in expected.items():
+        owners.setdefault(t.data_ptr(), []).append(name)
+    missing = [names[0] for names in owners.values() if not any(n in tensors for n in names)]
+    unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise UserError(f"{path} does not fit the model in config.json "
-                        f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        raise UserError(f"{source}: the weights do not fit the model its config describes "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     for name, t in tensors.items():
         if t.shape != expected[name].shape:
-            raise UserError(f"{path}: {name} has shape {tuple(t.shape)}, the config says "
+            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, the config says "
                             f"{tuple(expected[name].shape)}")
     model.load_state_dict(tensors, strict=False)
 
