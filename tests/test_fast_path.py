@@ -29,12 +29,13 @@ def test_bf16_autocast_logits_are_close_to_fp32():
         assert (ref.argmax(-1) == low.argmax(-1)).float().mean() > 0.95
 
 
-def test_dtype_auto_picks_bf16_only_where_it_pays():
+def test_dtype_auto_picks_bf16_where_the_cpu_has_it(monkeypatch):
     cpu = torch.device("cpu")
     assert device_mod.pick_dtype("float32", cpu) == torch.float32
-    assert device_mod.pick_dtype("auto", cpu, n_embd=128) == torch.float32
-    wide = device_mod.pick_dtype("auto", cpu, n_embd=384)
-    assert wide == (torch.bfloat16 if device_mod.cpu_has_bf16() else torch.float32)
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(device_mod, "cpu_has_bf16", lambda native=native: native)
+        assert device_mod.pick_dtype("auto", cpu) == expected
+        assert device_mod.pick_dtype("bfloat16", cpu) == torch.bfloat16
 
 
 def test_compile_that_raises_at_once_falls_back(monkeypatch, capsys):

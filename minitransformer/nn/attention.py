@@ -9,6 +9,8 @@
 Two paths compute the same thing: the readable reference path below (explicit softmax,
 returns the attention probabilities) and the fast path through PyTorch's fused
 ``torch.nn.functional.scaled_dot_product_attention``. Tests hold them equal.
+``attn_impl="auto"`` takes the fused kernel except where the explicit formula is measured to
+be faster (``fused_kernel_pays``).
 
 Masks are boolean with True = "may attend" (see ``nn/mask.py``).
 
@@ -47,9 +49,26 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         scores = scores + bias  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask.bool(), float("-inf"))  # (..., Tq, Tk)
-    weights = torch.softmax(scores, dim=-1)  # (..., Tq, Tk), each row sums to 1
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, weights  # (..., Tq, d_v), (..., Tq, Tk)
+    # the softmax in at least fp32: under bf16/fp16 mixed precision the scores are low-precision
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # (..., Tq, Tk)
+    return dropped.to(v.dtype) @ v, weights  # (..., Tq, d_v), (..., Tq, Tk)
+
+
+# Longest key sequence for which the explicit formula beats the fused kernel on a CPU in
+# bf16/fp16 (training step, 2 cores: 1.0 vs 3.7 ms at T = 64, 34 vs 47 ms at T = 256, but
+# 56 vs 40 ms at T = 512; docs/BENCHMARKS.md).
+CPU_LOW_PRECISION_EXPLICIT_MAX_LEN = 256
+
+
+def fused_kernel_pays(q: torch.Tensor, t_k: int) -> bool:
+    """Whether PyTorch's fused kernel is the faster way to compute eq. 1 for these queries.
+
+    Everywhere but one place: on a CPU in reduced precision, the fused kernel's backward pass
+    is slower than the explicit matmuls for short sequences.
+    """
+    low = q.dtype in (torch.bfloat16, torch.float16)
+    return not (q.device.type == "cpu" and low and t_k <= CPU_LOW_PRECISION_EXPLICIT_MAX_LEN)
 
 
 class KVCache:
@@ -129,6 +148,8 @@ class MultiHeadAttention(nn.Module):
 
         Returns (y (B, Tq, C), weights (B, nh, Tq, Tk) or None). Weights come from the
         reference path, which is used whenever ``need_weights`` is set.
+        ``attn_impl``: "reference" always computes eq. 1 explicitly, "fast" always calls the
+        fused kernel, "auto" picks the faster of the two for the device and dtype.
         """
         b, t_q, c = x.shape
         cross = context is not None
@@ -159,6 +180,8 @@ class MultiHeadAttention(nn.Module):
         weights = None
         if need_weights or self.attn_impl == "reference":
             y, weights = scaled_dot_product_attention(q, k, v, mask, p, bias)  # (B, nh, Tq, hs)
+        elif self.attn_impl == "auto" and not fused_kernel_pays(q, t_k):
+            y, _ = scaled_dot_product_attention(q, k, v, mask, p, bias)  # (B, nh, Tq, hs)
         elif bias is None and causal_only:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:

@@ -39,20 +39,15 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-# On a CPU, bf16 pays once matrix products dominate the step; in narrower models per-op
-# overhead dominates and the casts cost more than they save (docs/BENCHMARKS.md).
-CPU_BF16_MIN_WIDTH = 256
-
-
-def pick_dtype(name: str, device: torch.device, n_embd: int | None = None) -> torch.dtype:
-    """auto: bf16 on CUDA GPUs that have it, fp16 (with a grad scaler) on older ones; on a CPU
-    with native bf16 instructions, bf16 for models at least CPU_BF16_MIN_WIDTH wide; fp32
-    everywhere else (MPS included)."""
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA GPUs that have it, fp16 (with a grad scaler) on older ones, bf16 on
+    CPUs with native bf16 instructions (the matmuls run twice as fast; attention then takes
+    the explicit path, see ``nn.attention.fused_kernel_pays``), fp32 everywhere else (MPS
+    included)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        wide = n_embd is None or n_embd >= CPU_BF16_MIN_WIDTH
-        if device.type == "cpu" and cpu_has_bf16() and wide:
+        if device.type == "cpu" and cpu_has_bf16():
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16,

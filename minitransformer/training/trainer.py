@@ -167,7 +167,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         prepare_out_dir(out_dir, resume, force)
     distributed.barrier(info)
     set_threads()
-    dtype = pick_dtype(cfg.dtype, device, getattr(ckpt.unwrap(model).config, "n_embd", None))
+    dtype = pick_dtype(cfg.dtype, device)
     per_rank, rem = divmod(cfg.batch_size, info.world_size * cfg.grad_accum)
     if rem or per_rank == 0:
         raise UserError(f"batch_size ({cfg.batch_size}) must be a multiple of processes x "
