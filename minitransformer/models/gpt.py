@@ -70,13 +70,16 @@ class GPT(nn.Module):
         """
         b, t = idx.shape
         past = cache[0][0].length if cache else 0  # positions already in the cache
-        x = self.tok_emb(idx) * self.emb_scale  # (B, T, C)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.emb_scale != 1.0:
+            x = x * self.emb_scale  # (B, T, C)
         internals_tok = x
         pos = None
         if self.pos_emb is not None:
             pos = self.pos_emb(t, offset=past)  # (T, C)
             x = x + pos  # (B, T, C)
-        x = self.drop(x)
+        if self.training:  # dropout is the identity at inference
+            x = self.drop(x)
         x, internals = self.decoder(x, cache=cache, need_weights=return_internals)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None

@@ -56,9 +56,13 @@ class Residual(nn.Module):
         """sublayer(h) -> (y, extra). Pre: x + y(LN(x)); post: LN(x + y(x))."""
         if self.pre:
             y, extra = sublayer(self.norm(x))
-            return x + self.dropout(y), extra  # (B, T, C)
+            return x + self.drop(y), extra  # (B, T, C)
         y, extra = sublayer(x)
-        return self.norm(x + self.dropout(y)), extra  # (B, T, C)
+        return self.norm(x + self.drop(y)), extra  # (B, T, C)
+
+    def drop(self, y: torch.Tensor) -> torch.Tensor:
+        # dropout is the identity at inference: skipping the call saves per-token time
+        return self.dropout(y) if self.training else y
 
 
 def _ffn_sublayer(ffn: FeedForward):

@@ -41,4 +41,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.fc(x))  # (B, T, F)
-        return self.proj(self.dropout(h))  # (B, T, C)
+        if self.training:  # dropout is the identity at inference
+            h = self.dropout(h)
+        return self.proj(h)  # (B, T, C)
