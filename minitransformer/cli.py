@@ -42,7 +42,8 @@ FIELD_HELP = {
     "pos_encoding": "how positions enter the model",
     "norm_position": "LayerNorm before (pre, GPT) or after (post, the paper) each sublayer",
     "activation": "feed-forward activation",
-    "attn_impl": "attention path: readable reference, fused fast, or auto (fast)",
+    "attn_impl": "attention path: reference (explicit softmax), fast (PyTorch's fused kernel), "
+                 "or auto (whichever is faster for the device and dtype)",
     "init": "weight initialisation: GPT-2 normal(0.02) or the paper's Xavier uniform",
     "tie_weights": "share the token embedding with the output layer",
     "layer_norm_eps": "LayerNorm epsilon",
@@ -66,7 +67,8 @@ FIELD_HELP = {
     "keep_last": "recent checkpoints kept in checkpoints/",
     "sample_tokens": "length of the sample printed at each evaluation (0 = none)",
     "device": "auto picks cuda, then mps, then cpu",
-    "dtype": "auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU",
+    "dtype": "auto: bf16 autocast on GPUs and CPUs with native bf16, fp16 on older GPUs, "
+             "fp32 elsewhere (weights stay fp32)",
     "compile": "torch.compile the model (auto = on CUDA)",
 }
 
