@@ -2,14 +2,17 @@
 
 Reference path = the foundation's tested implementation unchanged: explicit softmax attention,
 fp32, no KV cache. Every figure is printed in absolute terms and as a ratio to that path.
+The paths take turns (``--rounds`` rounds, medians reported), so a change in the machine's
+load during the run falls on all of them alike.
 
-    python bench/run_all.py [--quick] [--compile]
+    python bench/run_all.py [--quick] [--compile] [--rounds N] [--skip-parity]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generation  # noqa: E402
+import loss_parity  # noqa: E402
 from common import matmul_peak  # noqa: E402
 from train_throughput import measure  # noqa: E402
 
@@ -25,6 +29,11 @@ CONFIGS = {
     "a": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12),
     "b": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=16),
 }
+TARGETS = {"a": 1.2, "b": 1.5}  # training speed-ups the fast path must reach
+# (label, attn_impl, dtype, compile): the last non-compiled one is what `train` runs by default
+PATHS = [("reference: explicit softmax, fp32", "reference", "float32", "off"),
+         ("fast, fp32 (fused attention kernel)", "auto", "float32", "off"),
+         ("fast, --dtype auto (default)", "auto", "auto", "off")]
 
 
 def machine() -> str:
@@ -41,43 +50,77 @@ def machine() -> str:
             f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
+def training_table(iters: int, rounds: int, with_compile: bool, peaks: dict) -> dict:
+    paths = PATHS + ([("fast + torch.compile", "auto", "auto", "on")] if with_compile else [])
+    print("| config | path | ms/iter | tokens/s | MFU | vs reference |")
+    print("|---|---|---:|---:|---:|---:|")
+    speedups = {}
+    for name, cfg in CONFIGS.items():
+        times = {label: [] for label, *_ in paths}
+        results = {}
+        for _ in range(rounds):
+            for label, impl, dtype, comp in paths:
+                r = measure("cpu-small", impl, "cpu", dtype, comp, iters=iters, warmup=3,
+                            peak=peaks["float32"], **cfg)
+                times[label].append(r["ms_per_iter"])
+                results[label] = r
+        base = statistics.median(times[paths[0][0]])
+        for label, *_ in paths:
+            r, ms = results[label], statistics.median(times[label])
+            tok_s = cfg["batch_size"] * cfg["block_size"] / (ms / 1e3)
+            mfu = tok_s * r["flops_per_token"] / peaks[r["dtype"]]
+            print(f"| ({name}) {cfg['n_layer']}L {cfg['n_embd']}w T={cfg['block_size']} "
+                  f"B={cfg['batch_size']} | {label}, {r['dtype']} | {ms:.1f} | {tok_s:,.0f} | "
+                  f"{100 * mfu:.1f}% | {base / ms:.2f}x |", flush=True)
+        speedups[name] = base / statistics.median(times[PATHS[-1][0]])
+    return speedups
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer iterations and tokens")
     p.add_argument("--compile", action="store_true", help="also time torch.compile")
+    p.add_argument("--rounds", type=int, default=None, help="turns each path takes (3)")
+    p.add_argument("--skip-parity", action="store_true",
+                   help="skip the 2000-iteration val-loss comparison (about 3 minutes)")
     a = p.parse_args()
-    iters = 10 if a.quick else 30
+    iters = 10 if a.quick else 20
+    rounds = a.rounds or (2 if a.quick else 3)
     cpu = torch.device("cpu")
-    peak32 = matmul_peak(cpu, torch.float32)
-    peak16 = matmul_peak(cpu, torch.bfloat16)
+    peaks = {"float32": matmul_peak(cpu, torch.float32),
+             "bfloat16": matmul_peak(cpu, torch.bfloat16)}
     print(f"machine: {machine()}")
-    print(f"measured matmul peak: fp32 {peak32 / 1e9:.0f} GFLOP/s, "
-          f"bf16 {peak16 / 1e9:.0f} GFLOP/s\n")
-    print("| config | path | ms/iter | tokens/s | MFU | vs reference |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, cfg in CONFIGS.items():
-        paths = [("reference (explicit softmax, fp32)", "reference", "float32", "off", peak32),
-                 ("fast: fused attention, fp32", "fast", "float32", "off", peak32),
-                 ("fast: fused attention, bf16 autocast", "fast", "bfloat16", "off", peak16)]
-        if a.compile:
-            paths.append(("fast + torch.compile, bf16", "fast", "bfloat16", "on", peak16))
-        base = None
-        for label, impl, dtype, comp, peak in paths:
-            r = measure("cpu-small", impl, "cpu", dtype, comp, iters=iters, warmup=3, peak=peak,
-                        **cfg)
-            base = base or r["tokens_per_s"]
-            print(f"| ({name}) {cfg['n_layer']}L {cfg['n_embd']}w T={cfg['block_size']} "
-                  f"B={cfg['batch_size']} | {label} | {r['ms_per_iter']:.1f} | "
-                  f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
-                  f"{r['tokens_per_s'] / base:.2f}x |", flush=True)
+    print(f"measured matmul peak (2048^3): fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, "
+          f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s\n")
+    speedups = training_table(iters, rounds, a.compile, peaks)
+
     n = 100 if a.quick else 500
-    slow = generation.measure(n, use_cache=False, attn_impl="reference")
-    fast = generation.measure(n, use_cache=True, attn_impl="fast")
+    g = generation.compare(n, rounds=1 if a.quick else 2)
+    ratio = g["cached"] / g["reference"]
     print(f"\ngeneration, config (b) with block_size 512, batch 1, {n} new tokens from a "
-          f"1-token prompt:")
-    print("| path | tokens/s | vs reference |\n|---|---:|---:|")
-    print(f"| reference: no cache, explicit softmax | {slow:.1f} | 1.00x |")
-    print(f"| KV cache + fused attention | {fast:.1f} | {fast / slow:.2f}x |")
+          f"1-token prompt, greedy (medians of {len(g['runs'][0])} runs):")
+    print("| path | threads | tokens/s | vs reference |\n|---|---:|---:|---:|")
+    print(f"| reference: no cache, explicit softmax, fp32 | {g['reference_threads']} | "
+          f"{g['reference']:.1f} | 1.00x |")
+    print(f"| KV cache, fused attention, fp32 (`sample`) | {g['cached_threads']} | "
+          f"{g['cached']:.1f} | {ratio:.2f}x |")
+    print(f"same tokens from both paths: {g['same_tokens']}")
+
+    parity = None
+    if not a.skip_parity:
+        iters_parity = 300 if a.quick else 2000
+        print(f"\nval loss after {iters_parity} iterations on Tiny Shakespeare, config (a):")
+        parity = loss_parity.compare(iters_parity)
+        for label, r in parity.items():
+            print(f"| {label} | {r['val_loss']:.4f} | {r['seconds']:.0f} s of training |")
+
+    print("\ntargets:")
+    for name, target in TARGETS.items():
+        print(f"- training ({name}) fast/reference {speedups[name]:.2f}x (>= {target}x)")
+    print(f"- generation cached/uncached {ratio:.2f}x (>= 10x)")
+    if parity:
+        ref, fast = (r["val_loss"] for r in parity.values())
+        print(f"- val loss fast - reference {fast - ref:+.4f} (within 0.02)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from minitransformer.training.device import (  # noqa: E402
 from minitransformer.training.optim import make_optimizer  # noqa: E402
 
 
-def measure(preset: str, attn_impl: str = "fast", device_name: str = "auto",
+def measure(preset: str, attn_impl: str = "auto", device_name: str = "auto",
             dtype_name: str = "float32", compile_mode: str = "off", iters: int = 30,
             warmup: int = 5, peak: float | None = None, **overrides) -> dict:
     set_threads()
@@ -66,18 +66,19 @@ def measure(preset: str, attn_impl: str = "fast", device_name: str = "auto",
     dt = (time.perf_counter() - t0) / iters
     peak = peak or matmul_peak(device, dtype if dtype != torch.float32 else torch.float32)
     tok_s = b * t / dt
-    mfu = tok_s * flops_per_token(model.num_params(), cfg.n_layer, cfg.n_embd, t) / peak
+    per_token = flops_per_token(model.num_params(), cfg.n_layer, cfg.n_embd, t)
     return {"preset": preset, "attn_impl": attn_impl, "dtype": str(dtype).split(".")[-1],
             "compiled": compiled, "device": str(device), "params": model.num_params(),
-            "ms_per_iter": dt * 1e3, "tokens_per_s": tok_s, "mfu": mfu, "peak_flops": peak}
+            "ms_per_iter": dt * 1e3, "tokens_per_s": tok_s, "mfu": tok_s * per_token / peak,
+            "peak_flops": peak, "flops_per_token": per_token}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-small")
-    p.add_argument("--attn-impl", default="fast", choices=["reference", "fast"])
+    p.add_argument("--attn-impl", default="auto", choices=["auto", "reference", "fast"])
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16",
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16",
                                                          "float16"])
     p.add_argument("--compile", default="off", choices=["auto", "on", "off"])
     p.add_argument("--iters", type=int, default=30)

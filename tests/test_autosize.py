@@ -40,7 +40,7 @@ def test_picks_the_largest_model_that_sees_two_tokens_per_parameter():
     assert 6_000 * 120 < 2 * _params(4, 192, 6, 128)
     out, lines = autosize.plan(120, 1_003_854, 111_540, 65, measure=speed)
     assert (out["n_layer"], out["n_embd"], out["n_head"], out["block_size"]) == (4, 128, 4, 64)
-    assert (out["batch_size"], out["learning_rate"]) == (16, 3e-3)  # cpu-small's
+    assert (out["batch_size"], out["learning_rate"]) == (16, 3e-3)
     assert out["time_budget"] == 120 and out["dropout"] == 0.0  # 2 epochs: no dropout
     # stopped at the first that was too slow (4 x 192 is timed, or predicted too slow)
     assert speed.timed[:3] == [64, 96, 128] and 256 not in speed.timed

@@ -10,9 +10,10 @@ is the largest one that still sees enough of them. The rule:
                and parameters <= CORPUS_FACTOR * corpus tokens  (not absurd for the data)
     pick the largest kept (the smallest if none is)
 
-TOKENS_PER_PARAM = 2 is calibrated on Tiny Shakespeare: in 120 s on 2 CPU cores (about
-17,000 tokens/s for 4 layers x 128) it lands on the ``cpu-small`` preset, which was tuned for
-time-to-quality there; on a GPU the same rule climbs to nanoGPT's shakespeare-char size,
+TOKENS_PER_PARAM = 2 is calibrated on Tiny Shakespeare: in 120 s on 2 CPU cores at about
+17,000 tokens/s for 4 layers x 128 (fp32) it lands on that size, which learns about as well
+in that time as the hand-tuned ``cpu-small`` preset; on a GPU the same rule climbs to nanoGPT's
+shakespeare-char size,
 where the corpus cap stops it. Context and batch come with the candidate (shrunk for a tiny
 corpus or a budget too short for 200 steps); dropout follows the number of epochs; the
 evaluation schedule keeps evaluation near 8% of the budget; on a GPU, runs under 10 minutes
@@ -52,7 +53,7 @@ class Candidate:
 LADDER = (
     Candidate(2, 64, 4, 32, 16, 3e-3),
     Candidate(3, 96, 4, 64, 12, 3e-3),
-    Candidate(4, 128, 4, 64, 16, 3e-3),  # the cpu-small preset
+    Candidate(4, 128, 4, 64, 16, 3e-3),
     Candidate(4, 192, 6, 128, 12, 1.5e-3),
     Candidate(6, 256, 8, 128, 16, 1e-3),
     Candidate(6, 384, 6, 256, 64, 1e-3),  # nanoGPT's shakespeare-char
