@@ -11,9 +11,9 @@ is the largest one that still sees enough of them. The rule:
     pick the largest kept (the smallest if none is)
 
 TOKENS_PER_PARAM = 2 is calibrated on Tiny Shakespeare: in 120 s on 2 CPU cores at about
-17,000 tokens/s for 4 layers x 128 (fp32) it lands on that size, which learns about as well
-in that time as the hand-tuned ``cpu-small`` preset; on a GPU the same rule climbs to nanoGPT's
-shakespeare-char size,
+17,000 tokens/s for 4 layers x 128 (fp32) it lands on that size (the hand-tuned ``cpu-small``
+preset does better still: 3 layers, ReLU, larger batches); on a GPU the same rule climbs to
+nanoGPT's shakespeare-char size,
 where the corpus cap stops it. Context and batch come with the candidate (shrunk for a tiny
 corpus or a budget too short for 200 steps); dropout follows the number of epochs; the
 evaluation schedule keeps evaluation near 8% of the budget; on a GPU, runs under 10 minutes
