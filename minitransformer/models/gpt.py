@@ -19,6 +19,7 @@ from ..config import GPTConfig
 from ..nn.attention import KVCache
 from ..nn.block import Decoder, Internals
 from ..nn.init import init_weights
+from ..nn.linear import Linear
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import generation
 
@@ -45,7 +46,7 @@ class GPT(nn.Module):
                                c.activation, c.norm_position, c.attn_impl, c.layer_norm_eps,
                                cross_attention=False, pos_encoding=c.pos_encoding,
                                max_len=c.block_size)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.init, c.n_layer)
         self.emb_scale = math.sqrt(c.n_embd) if c.scale_embeddings else 1.0
         if c.scale_embeddings:

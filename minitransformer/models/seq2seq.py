@@ -26,6 +26,7 @@ from ..config import Seq2SeqConfig
 from ..nn.attention import KVCache
 from ..nn.block import Decoder, Encoder, Internals
 from ..nn.init import init_weights
+from ..nn.linear import Linear
 from ..nn.mask import key_padding_mask
 from .gpt import absolute_positions
 
@@ -84,7 +85,7 @@ class Seq2SeqTransformer(nn.Module):
                      pos_encoding=c.pos_encoding, max_len=c.block_size)
         self.encoder = Encoder(c.encoder_layers, **stack)
         self.decoder = Decoder(c.decoder_layers, cross_attention=True, **stack)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.init, c.encoder_layers + c.decoder_layers)
         if c.scale_embeddings:
             # E ~ N(0, d^-0.5), so that E * sqrt(d) has unit variance, as in the paper's

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import Linear
 from .mask import causal_mask, combine
 from .positional import ALiBi, RotaryEmbedding
 
@@ -132,10 +133,10 @@ class MultiHeadAttention(nn.Module):
         self.n_head, self.head_size = n_head, d_model // n_head
         self.causal, self.attn_impl, self.dropout = causal, attn_impl, dropout
         self.rope, self.alibi = rope, alibi
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O (residual projection)
+        self.q_proj = Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
+        self.k_proj = Linear(d_model, d_model, bias=bias)  # W^K
+        self.v_proj = Linear(d_model, d_model, bias=bias)  # W^V
+        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O (residual projection)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape

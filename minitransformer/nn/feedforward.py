@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .linear import Linear
+
 Activation = Literal["relu", "gelu", "gelu_tanh"]
 
 
@@ -34,9 +36,9 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: Activation = "relu",
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        self.fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.fc = Linear(d_model, d_ff, bias=bias)
         self.act = make_activation(activation)
-        self.proj = nn.Linear(d_ff, d_model, bias=bias)  # residual output projection
+        self.proj = Linear(d_ff, d_model, bias=bias)  # residual output projection
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
