@@ -13,7 +13,9 @@ attention in fp32; the fast path is what ``train`` does by default (``--dtype au
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import io
 import json
 import tempfile
 from pathlib import Path
@@ -34,9 +36,10 @@ def compare(iters: int = 2000) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for label, flags in PATHS.items():
             out = Path(tmp) / label.split(":")[0]
-            code = cli(["train", "--data", "shakespeare", "--preset", "debug", *CONFIG_A,
-                        "--max_iters", str(iters), "--eval_interval", str(iters), "--quiet",
-                        "--out", str(out), *flags])
+            with contextlib.redirect_stdout(io.StringIO()):  # the run's own report
+                code = cli(["train", "--data", "shakespeare", "--preset", "debug", *CONFIG_A,
+                            "--max_iters", str(iters), "--eval_interval", str(iters),
+                            "--quiet", "--out", str(out), *flags])
             if code:
                 raise SystemExit(f"training failed ({label})")
             meta = json.loads((out / "config.json").read_text())

@@ -115,7 +115,8 @@ def main() -> None:
         for label, r in parity.items():
             print(f"| {label} | {r['val_loss']:.4f} | {r['seconds']:.0f} s of training |")
 
-    print("\ntargets:")
+    print("\ntargets" + (" (--quick runs are shorter: the targets are for the full run)"
+                          if a.quick else "") + ":")
     for name, target in TARGETS.items():
         print(f"- training ({name}) fast/reference {speedups[name]:.2f}x (>= {target}x)")
     print(f"- generation cached/uncached {ratio:.2f}x (>= 10x)")
