@@ -98,7 +98,7 @@ def decoding_threads(model: torch.nn.Module, device: torch.device) -> int:
     """Pick the CPU thread count for decoding one sequence; returns it.
 
     Each decoding step runs many small kernels that read their weights once, so the step is
-    bound by memory: on an idle machine every core reading its share is faster (1.4x with 2
+    bound by memory: on an idle machine every core reading its share is faster (1.3x with 2
     cores here). When other programs hold the cores, though, a second thread's share of
     each kernel waits for a core, and decoding gets several times slower than on one thread.
     So a few one-token steps are timed both ways (a few milliseconds for small models) and
