@@ -15,11 +15,10 @@ from .data import check_length, load_text, split_ids
 from .errors import ConfigError, UserError
 from .interop.cli import stream_text
 from .models import GPT
-from .tokenizers import tokenizer_from_dict
+from .tokenizers import fit_tokenizer, tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import decoding_threads, pick_device
 from .training.health import HealthGuard
-from .training.subword import SubwordLanguageModelTask, fit_tokenizer
 from .training.trainer import LanguageModelTask, estimate_loss, train
 
 DEFAULT_PRESET = "cpu-small"
@@ -122,8 +121,7 @@ def cmd_train(args) -> int:
             f"{train_cfg.max_iters} steps"
         print(f"training for {budget}, batch {train_cfg.batch_size}, lr "
               f"{train_cfg.learning_rate:g}; run folder {out}")
-    task_cls = LanguageModelTask if tokenizer.kind == "char" else SubwordLanguageModelTask
-    task = task_cls(train_ids, val_ids, model_cfg.block_size)
+    task = LanguageModelTask(train_ids, val_ids, model_cfg.block_size)
     health = HealthGuard(early_stop=getattr(args, "early_stop", False))
     result = train(model, tokenizer, task, train_cfg, out, meta, resume=args.resume,
                    force=args.force, progress=not quiet and sys.stderr.isatty() or None,

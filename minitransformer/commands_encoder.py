@@ -22,11 +22,11 @@ from .config import split_fields as split_config
 from .data import check_length, load_text, split_ids
 from .errors import UserError
 from .models import FAMILIES, EncoderModel
+from .tokenizers import TOKENIZERS, fit_tokenizer
 from .training import checkpoint as ckpt
 from .training.device import pick_device
 from .training.health import HealthGuard
 from .training.mlm import MaskedLMTask
-from .training.subword import TOKENIZERS, fit_tokenizer
 from .training.trainer import estimate_loss, train
 
 DEFAULT_PRESET = "cpu-small"

@@ -18,11 +18,10 @@ from tqdm.auto import tqdm
 
 from .config import Seq2SeqConfig, TrainConfig, config_from_dict, field_names, get_preset
 from .config import split_fields as split_config
-from .data import BUNDLED
+from .data import BUNDLED, ParallelDataConfig, encode_pairs, load_parallel, split_indices
 from .errors import UserError
 from .models import FAMILIES, Seq2SeqTransformer
 from .models.decoding import translate_many
-from .parallel import ParallelDataConfig, encode_pairs, load_parallel, split_indices
 from .tokenizers import BPETokenizer, tokenizer_from_dict
 from .training import checkpoint as ckpt
 from .training.device import pick_device

@@ -13,7 +13,7 @@ import typing
 
 from . import commands_seq2seq
 from .config import Seq2SeqConfig
-from .parallel import ParallelDataConfig
+from .data import ParallelDataConfig
 
 HELP = {
     "n_encoder_layer": "encoder layers (default n_layer)",

@@ -9,8 +9,7 @@ from minitransformer.cli import main
 from minitransformer.data import load_text
 from minitransformer.errors import UserError
 from minitransformer.interop.cli import stream_text
-from minitransformer.tokenizers import tokenizer_from_dict
-from minitransformer.training.subword import fit_tokenizer
+from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
 
 SAMPLES = [
     "First Citizen:\nBefore we proceed any further, hear me speak.",

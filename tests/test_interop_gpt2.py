@@ -160,8 +160,8 @@ def test_export_cli_writes_what_transformers_loads(tmp_path, kind, capsys):
     """`minitransformer export RUN --hf OUT`: transformers reads the weights and the tokenizer
     (same ids, same text back) and computes our logits."""
     from minitransformer.cli import main
+    from minitransformer.tokenizers import fit_tokenizer
     from minitransformer.training.checkpoint import write_model_files
-    from minitransformer.training.subword import fit_tokenizer
 
     text = "First Citizen:\nBefore we proceed any further, hear me speak. 你好！\n" * 20
     tok = fit_tokenizer(kind, text, 280)

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from minitransformer.cli import main
-from minitransformer.errors import UserError
-from minitransformer.parallel import (
+from minitransformer.data.parallel_corpus import (
     bucket_batches,
     chapter_of,
     collate,
@@ -17,6 +16,7 @@ from minitransformer.parallel import (
     read_tsv,
     split_indices,
 )
+from minitransformer.errors import UserError
 from minitransformer.tokenizers import BPETokenizer, tokenizer_from_dict
 from minitransformer.training.seq2seq_task import Seq2SeqTask
 

@@ -71,7 +71,7 @@ def add_parsers(sub) -> None:
 def _add_seq2seq_fields(parser: argparse.ArgumentParser) -> None:
     """The encoder-decoder's own fields (--label_smoothing, --batch_tokens, ...)."""
     from ..config import Seq2SeqConfig
-    from ..parallel import ParallelDataConfig
+    from ..data import ParallelDataConfig
     from ..translate_cli import _add_fields
 
     _add_fields(parser, Seq2SeqConfig, "encoder-decoder only (Seq2SeqConfig, --model seq2seq)")
@@ -128,7 +128,7 @@ def parse_lengths(text: str | None) -> list[int]:
 
 def cmd_compare(args) -> int:
     from ..config import Seq2SeqConfig
-    from ..parallel import ParallelDataConfig
+    from ..data import ParallelDataConfig
     from .compare import parse_vary, run_compare, split_train_fields, write_results
     from .families import get_family
 

@@ -29,6 +29,7 @@ import torch
 
 from ..config import TrainConfig, closest, config_from_dict, field_names
 from ..errors import UserError
+from ..io import atomic_write_json
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
 from ..training.health import HealthGuard
@@ -195,7 +196,7 @@ def write_results(results: list[VariantResult], out_dir, settings: dict) -> list
                "results": [{**dataclasses.asdict(r), "variant": dataclasses.asdict(r.variant),
                             "lengths": {str(k): v for k, v in r.lengths.items()}}
                            for r in results]}
-    ckpt.atomic_write_json(out_dir / "results.json", payload)
+    atomic_write_json(out_dir / "results.json", payload)
     png = out_dir / "compare.png"
     plot_comparison(results, out_dir, png, block_size=settings.get("block_size"),
                     x_axis="time" if settings.get("time_budget") else "step")

@@ -75,7 +75,7 @@ class GPTFamily:
         return field_names(GPTConfig)
 
     def prepare(self, source: str, encoding: str, fields: dict) -> Prepared:
-        from ..training.subword import fit_tokenizer
+        from ..tokenizers import fit_tokenizer
 
         text = load_text(source, encoding)
         vocab = fields.get("vocab_size") if self.tokenizer_kind == "bpe" else None
@@ -87,14 +87,12 @@ class GPTFamily:
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         from ..models import GPT
-        from ..training.subword import SubwordLanguageModelTask
         from ..training.trainer import LanguageModelTask
 
         tok = prepared.tokenizer
         cfg = config_from_dict(GPTConfig, {**fields, "vocab_size": tok.vocab_size})
         check_length(prepared.train_ids, prepared.val_ids, cfg.block_size, prepared.source)
-        task_cls = LanguageModelTask if tok.kind == "char" else SubwordLanguageModelTask
-        task = task_cls(prepared.train_ids, prepared.val_ids, cfg.block_size)
+        task = LanguageModelTask(prepared.train_ids, prepared.val_ids, cfg.block_size)
         meta = {"format": "minitransformer", "version": 1, "family": "gpt",
                 "model": dataclasses.asdict(cfg),
                 "data": {"source": prepared.source, "encoding": prepared.encoding,
@@ -143,18 +141,18 @@ class Seq2SeqFamily:
         pass  # always a joint BPE vocabulary
 
     def field_names(self) -> list[str]:
-        from ..parallel import ParallelDataConfig
+        from ..data import ParallelDataConfig
 
         return field_names(Seq2SeqConfig) + field_names(ParallelDataConfig)
 
     def _split(self, fields: dict):
-        from ..parallel import ParallelDataConfig
+        from ..data import ParallelDataConfig
 
         model, data = split_fields(fields, Seq2SeqConfig, ParallelDataConfig)
         return model, config_from_dict(ParallelDataConfig, data)
 
     def prepare(self, source: str, encoding: str, fields: dict) -> Prepared:
-        from ..parallel import load_parallel, split_indices
+        from ..data import load_parallel, split_indices
         from ..tokenizers import BPETokenizer
 
         model, data_cfg = self._split(fields)

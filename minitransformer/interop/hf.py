@@ -14,8 +14,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from ..errors import UserError
+from ..io import atomic_write, atomic_write_json
 from ..models import GPT, EncoderModel
-from ..training.checkpoint import atomic_write, atomic_write_json
 from . import bert, gpt2
 from .tokenizer import char_tokenizer_as_hf
 from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights

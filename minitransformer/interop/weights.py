@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import UserError
-from ..training.checkpoint import load_tensors
+from ..io import load_tensors
 
 
 def hf_folder(path) -> Path:

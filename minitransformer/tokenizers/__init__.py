@@ -5,6 +5,7 @@ import json
 from ..errors import UserError
 from .bpe import BPETokenizer
 from .char import CharTokenizer, UnknownCharactersError
+from .fitting import DEFAULT_BPE_VOCAB, TOKENIZERS, fit_tokenizer
 
 
 def tokenizer_from_dict(d: dict):
@@ -25,5 +26,5 @@ def load_tokenizer(path):
         raise UserError(f"cannot read the tokenizer {path}: {e}") from None
 
 
-__all__ = ["BPETokenizer", "CharTokenizer", "UnknownCharactersError", "load_tokenizer",
-           "tokenizer_from_dict"]
+__all__ = ["DEFAULT_BPE_VOCAB", "TOKENIZERS", "BPETokenizer", "CharTokenizer",
+           "UnknownCharactersError", "fit_tokenizer", "load_tokenizer", "tokenizer_from_dict"]

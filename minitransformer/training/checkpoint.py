@@ -27,58 +27,12 @@ from safetensors.torch import load_file, save_file
 
 from ..config import config_from_dict
 from ..errors import ConfigError, UserError
+from ..io import atomic_write, atomic_write_json, fsync_dir, load_weights
 from ..tokenizers import tokenizer_from_dict
 
 MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE = "model.safetensors", "config.json", "tokenizer.json"
 STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
 CHECKPOINTS = "checkpoints"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path), fsync the file and rename it onto ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-    atomic_write(path, write)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -151,7 +105,7 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -229,35 +183,6 @@ def build_model(meta: dict):
     except ConfigError as e:
         raise UserError(f"config.json: {e}") from None
     return model_cls(config)
-
-
-def load_weights(model, path: Path) -> None:
-    """Load safetensors weights; only tied copies may be absent; never unpickles."""
-    try:
-        tensors = load_file(str(path))
-    except (OSError, SafetensorError, ValueError) as e:
-        raise UserError(f"{path} is not a readable safetensors file ({e}); it may be "
-                        f"truncated or corrupt") from None
-    load_tensors(model, tensors, str(path))
-
-
-def load_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Copy named tensors into ``model``: every parameter must be there with the right shape,
-    except that of tied parameters (one storage, several names) any one name will do."""
-    expected = model.state_dict()
-    owners: dict[int, list[str]] = {}
-    for name, t in expected.items():
-        owners.setdefault(t.data_ptr(), []).append(name)
-    missing = [names[0] for names in owners.values() if not any(n in tensors for n in names)]
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise UserError(f"{source}: the weights do not fit the model its config describes "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    for name, t in tensors.items():
-        if t.shape != expected[name].shape:
-            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, the config says "
-                            f"{tuple(expected[name].shape)}")
-    model.load_state_dict(tensors, strict=False)
 
 
 def load_checkpoint(path, which: str = "best", device: str | torch.device = "cpu"):

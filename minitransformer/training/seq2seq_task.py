@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from ..data import bucket_batches, collate
 from ..models.decoding import greedy_decode
-from ..parallel import bucket_batches, collate
 
 
 class Seq2SeqTask:

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import UserError
-from ..training.checkpoint import atomic_write
+from ..io import atomic_write
 from .fonts import cjk_webfont
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .data import corpus_path
-from .errors import ConfigError, UserError
+from ..errors import ConfigError, UserError
+from .text import corpus_path
 
 VALID_FRACTION = 0.03
 TEST_FRACTION = 0.03

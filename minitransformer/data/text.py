@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 BUNDLED = {
     "shakespeare": "shakespeare.txt",  # Tiny Shakespeare (public domain)

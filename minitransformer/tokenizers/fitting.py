@@ -8,8 +8,8 @@ on the training corpus; the model's vocabulary size then follows the tokenizer's
 from __future__ import annotations
 
 from ..errors import UserError
-from ..tokenizers import BPETokenizer, CharTokenizer
-from .trainer import LanguageModelTask
+from .bpe import BPETokenizer
+from .char import CharTokenizer
 
 TOKENIZERS = ("char", "bpe")
 DEFAULT_BPE_VOCAB = 1024
@@ -31,5 +31,3 @@ def fit_tokenizer(kind: str, text: str, vocab_size: int | None = None,
     lines = text.splitlines(keepends=True) or [text]
     return BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)
 
-
-SubwordLanguageModelTask = LanguageModelTask  # its sample() already handles any tokenizer

@@ -1,0 +1,21 @@
+"""Data at the side of the layers: text corpora and their token windows, parallel corpora.
+
+    text.py             corpora (bundled names or files), the train/val split, random windows
+    parallel_corpus.py  sentence pairs: TSV or two aligned files, the split by chapters,
+                        length-bucketed batches and their padding
+"""
+
+from .parallel_corpus import (
+    ParallelCorpus,
+    ParallelDataConfig,
+    bucket_batches,
+    collate,
+    encode_pairs,
+    load_parallel,
+    split_indices,
+)
+from .text import BUNDLED, check_length, corpus_path, get_batch, load_text, split_ids
+
+__all__ = ["BUNDLED", "ParallelCorpus", "ParallelDataConfig", "bucket_batches", "check_length",
+           "collate", "corpus_path", "encode_pairs", "get_batch", "load_parallel", "load_text",
+           "split_ids", "split_indices"]
