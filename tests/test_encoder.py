@@ -122,3 +122,34 @@ def test_task_batches_are_reproducible():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert a[0].shape == a[1].shape == (4, 16)
     assert task.tokens(a) == 64
+
+
+def test_forward_without_internals_skips_the_attention_weights(monkeypatch):
+    """Masked-LM training (return_internals=False) takes the fused path and keeps no attention
+    maps; its logits and loss equal the reference path's (return_internals=True)."""
+    from minitransformer.nn import attention
+
+    model = tiny(attn_impl="fast", init="xavier")
+    ids = torch.randint(39, (2, 9), generator=torch.Generator().manual_seed(3))
+    targets = torch.full((2, 9), -1)
+    targets[:, 2] = ids[:, 2]
+    mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])
+    with torch.no_grad():
+        ref_out, ref_loss, internals = model(ids, targets, return_internals=True,
+                                             attention_mask=mask)
+    assert len(internals.attentions) == 2  # the reference path ran for the internals
+    calls = []
+    reference = attention.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        result = model(ids, targets, attention_mask=mask)
+    assert calls == []  # no explicit softmax, no weights kept
+    assert len(result) == 2
+    out, loss = result
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-4)

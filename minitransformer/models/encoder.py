@@ -97,7 +97,10 @@ class EncoderModel(nn.Module):
         ``out`` is the masked-LM logits (B, T, V), or the hidden states (B, T, C) for a model
         built without a head (mlm_head="none", e.g. a sentence-embedding checkpoint).
         """
-        h, internals = self.encode(idx, attention_mask, token_type_ids, return_internals=True)
+        # Internals only when asked: they force the reference path (explicit softmax) and keep
+        # every attention map alive, which masked-LM training has no use for.
+        encoded = self.encode(idx, attention_mask, token_type_ids, return_internals)
+        h, internals = encoded if return_internals else (encoded, None)  # h: (B, T, C)
         out = self.mlm_head(h) if self.mlm_head is not None else h  # (B, T, V) or (B, T, C)
         loss = None
         if targets is not None:
