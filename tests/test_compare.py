@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from minitransformer import cli
-from minitransformer.config import GPTConfig
+from minitransformer.config import GPTConfig, Seq2SeqConfig
 from minitransformer.experiments import families
 from minitransformer.experiments.families import GPTFamily
 from minitransformer.experiments.seeding import reseed_parameters
-from minitransformer.models import GPT
+from minitransformer.models import GPT, Seq2SeqTransformer
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 
@@ -84,6 +84,39 @@ def test_xavier_scheme_matches_nn_init_bounds():
     w = model.decoder.layers[0].ffn.fc.weight  # (64, 16): bound sqrt(6 / (16 + 64))
     bound = math.sqrt(6 / (16 + 64))
     assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+
+
+def _scaled(kind: str, init: str):
+    if kind == "seq2seq":  # the defaults: scale_embeddings=True, init xavier
+        return Seq2SeqTransformer(Seq2SeqConfig(vocab_size=600, block_size=16, n_layer=2,
+                                                n_head=2, n_embd=32, init=init))
+    return GPT(GPTConfig(vocab_size=600, block_size=16, n_layer=2, n_head=2, n_embd=32,
+                         init=init, scale_embeddings=True))
+
+
+@pytest.mark.parametrize("kind, init, depth", [("seq2seq", "xavier", 4), ("seq2seq", "gpt2", 4),
+                                               ("gpt", "gpt2", 2), ("gpt", "xavier", 2)])
+def test_reseeding_draws_what_the_models_own_init_draws(kind, init, depth):
+    """compare must start each variant where train does: with scale_embeddings the token
+    embedding is N(0, d^-0.5) (so E * sqrt(d) has unit variance), every other parameter
+    follows the scheme; reseeded stds match a freshly built model's, parameter by parameter."""
+    torch.manual_seed(0)
+    fresh = dict(_scaled(kind, init).named_parameters())
+    torch.manual_seed(1)
+    model = _scaled(kind, init)
+    reseed_parameters(model, seed=3, scheme=init, n_layer=depth)
+    reseeded = dict(model.named_parameters())
+    assert reseeded.keys() == fresh.keys()
+    emb = reseeded["tok_emb.weight"]
+    assert emb.std().item() == pytest.approx(32 ** -0.5, rel=0.1)
+    for name, want in fresh.items():
+        got = reseeded[name]
+        if want.std() == 0 or want.numel() == 1:  # biases 0, LayerNorm weights 1
+            assert torch.equal(got, want), name
+        else:
+            assert got.std().item() == pytest.approx(want.std().item(), rel=0.1), name
+            assert got.mean().abs().item() < 0.1 * want.std().item() + 1e-3, name
+    assert torch.equal(model.lm_head.weight, model.tok_emb.weight)  # still tied
 
 
 # ---- the whole command --------------------------------------------------------------------

@@ -8,7 +8,8 @@ generator, seeded by (seed, parameter name), with the scheme of ``nn/init.py``:
     gpt2     Linear / Embedding weights ~ N(0, 0.02); residual projections (attention W^O, the
              FFN's second layer) ~ N(0, 0.02 / sqrt(2 n_layer)); biases 0
     xavier   Xavier/Glorot uniform on every matrix; biases 0
-    both     LayerNorm weight 1, bias 0
+    both     LayerNorm weight 1, bias 0; a model built with ``scale_embeddings`` (its config
+             says) has its token embedding ~ N(0, d_model^-0.5), as its own __init__ draws it
 
 So ``decoder.layers.0.self_attn.q_proj.weight`` starts equal in every variant that has it.
 """
@@ -46,6 +47,12 @@ def reseed_parameters(model: nn.Module, seed: int, scheme: str, n_layer: int) ->
     if scheme not in ("gpt2", "xavier"):
         raise ValueError(f"unknown init {scheme!r}: choose gpt2 or xavier")
     residual_std = 0.02 / math.sqrt(2 * n_layer)
+    # The model's config, not the values, says whether its token embedding is scaled; GPT and
+    # Seq2SeqTransformer then redraw ``tok_emb`` from N(0, d^-0.5) after init_weights, under
+    # either scheme (tensor2tensor's choice: E * sqrt(d) has unit variance).
+    config = getattr(model, "config", None)
+    scaled_emb = getattr(model, "tok_emb", None) \
+        if getattr(config, "scale_embeddings", False) else None
     for name, param in model.named_parameters():  # each tied tensor once
         module_name, module = _owner(model, name)
         leaf = name.rpartition(".")[2]
@@ -53,6 +60,8 @@ def reseed_parameters(model: nn.Module, seed: int, scheme: str, n_layer: int) ->
         value = torch.empty(param.shape, dtype=param.dtype)  # (same shape as param)
         if isinstance(module, nn.LayerNorm):
             nn.init.ones_(value) if leaf == "weight" else nn.init.zeros_(value)
+        elif scaled_emb is not None and module is scaled_emb:
+            nn.init.normal_(value, 0.0, config.n_embd ** -0.5, generator=gen)
         elif isinstance(module, (nn.Linear, nn.Embedding, LearnedPositionalEmbedding)):
             if leaf == "bias":
                 nn.init.zeros_(value)
