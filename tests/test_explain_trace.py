@@ -130,6 +130,43 @@ def test_walkthrough_has_eight_steps_of_the_models_numbers(norm, pos):
     json.loads(embed_json(doc))  # serialisable, masked scores included
 
 
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_scaled_embeddings_are_traced_and_shown(pos):
+    """With scale_embeddings (the paper's section 3.4) the trace reads the scale from the
+    model, E stays the raw table rows, X = E * sqrt(d_model) + PE is the model's own first
+    block input, and the walkthrough shows the scaling step."""
+    tokenizer = CharTokenizer.fit("abcdefghijklmnopqrstuvwxyz .,\n")
+    torch.manual_seed(2)
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2,
+                    n_embd=16, pos_encoding=pos, scale_embeddings=True)
+    model = GPT(cfg).eval()
+    ids = tokenizer.encode(TEXT)
+    trace = trace_gpt(model, tokenizer, TEXT)
+    assert trace.embed_scale == math.sqrt(16) == model.emb_scale
+    with torch.no_grad():
+        _, _, internals = model(torch.tensor([ids]), return_internals=True)
+        raw = model.tok_emb.weight[ids]  # (T, C) the table's rows, before the scale
+    torch.testing.assert_close(trace.tok_emb, raw)
+    torch.testing.assert_close(trace.x0, internals.hidden_states[0][0])
+    pos_part = trace.pos_emb if trace.pos_emb is not None else 0.0
+    torch.testing.assert_close(trace.x0, raw * 4.0 + pos_part)
+    doc = walkthrough_doc(trace, tokenizer, model.config)
+    steps = {s["id"]: s for s in doc["steps"]}
+    embed = " ".join(steps["embed"]["formulas"])
+    assert "\u221ad_model" in embed and "4" in embed
+    blocks = {b["id"]: b for b in steps["embed"]["blocks"]}
+    shown = torch.tensor(blocks["scaled-embeddings"]["values"], dtype=torch.float64)
+    torch.testing.assert_close(shown, (raw * 4.0).double(), atol=1e-5, rtol=1e-5)
+    assert "\u221ad_model" in " ".join(steps["positions"]["formulas"])
+    # an unscaled model shows no scaling step
+    plain, tokenizer = build("pre", pos)
+    plain_doc = walkthrough_doc(trace_gpt(plain, tokenizer, TEXT), tokenizer, plain.config)
+    plain_steps = {s["id"]: s for s in plain_doc["steps"]}
+    assert "\u221ad_model" not in " ".join(plain_steps["embed"]["formulas"] +
+                                            plain_steps["positions"]["formulas"])
+    assert "scaled-embeddings" not in {b["id"] for b in plain_steps["embed"]["blocks"]}
+
+
 def test_embedded_json_cannot_break_out_of_its_script_element():
     nasty = {"t": "</script><script>alert(1)</script> & <!-- \u2028\u2029 '\"",
              "v": [float("-inf"), 1.5]}

@@ -114,9 +114,9 @@ class ForwardTrace:
     norm_position: str
     pos_encoding: str
     activation: str
-    tok_emb: torch.Tensor  # (T, C)
+    tok_emb: torch.Tensor  # (T, C) E = W_emb[ids], the table's rows before any scale
     pos_emb: torch.Tensor | None  # (T, C) for sinusoidal / learned, else None
-    x0: torch.Tensor  # (T, C) the first block's input
+    x0: torch.Tensor  # (T, C) the first block's input: E * embed_scale (+ positions)
     embed_scale: float = 1.0  # sqrt(C) when the model scales token embeddings (the paper)
     layers: list[LayerTrace] = field(default_factory=list)
     final: torch.Tensor | None = None  # (T, C) after the final norm (pre-LN) or as is
@@ -181,6 +181,16 @@ def trace_ffn(ffn, residual, x: torch.Tensor) -> FFNTrace:
     return FFNTrace(x, h, pre_act, hidden, out, res, after)
 
 
+def embed_scale(model) -> float:
+    """The factor the model multiplies its token embeddings by: its own ``emb_scale``, else
+    sqrt(d_model) when its config sets ``scale_embeddings`` (section 3.4), else 1."""
+    scale = getattr(model, "emb_scale", None)
+    if scale is not None:
+        return float(scale)
+    c = model.config
+    return math.sqrt(c.n_embd) if getattr(c, "scale_embeddings", False) else 1.0
+
+
 @torch.no_grad()
 def trace_gpt(model, tokenizer, text: str) -> ForwardTrace:
     """Run a decoder-only model on ``text`` and lay out every step of its forward pass."""
@@ -191,13 +201,13 @@ def trace_gpt(model, tokenizer, text: str) -> ForwardTrace:
     idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
     logits, _, internals = model(idx, return_internals=True)
     states = [s[0].float() for s in internals.hidden_states]  # n_layer + 1 of (T, C)
-    tok = internals.token_embeddings[0].float()  # (T, C)
+    tok = model.tok_emb(idx)[0].float()  # (T, C) E = W_emb[ids], before the scale
+    scale = embed_scale(model)
+    # The model hands back its token embeddings as it adds them: already scaled.
+    _check("the scaled token embeddings", tok * scale, internals.token_embeddings[0].float())
     pos = internals.position_embeddings  # (T, C) or None
     x0 = states[0]  # (T, C) what the first block reads
-    scale = math.sqrt(c.n_embd) if getattr(c, "scale_embeddings", False) else 1.0
     pos_part = pos.float() if pos is not None else 0.0
-    if scale != 1.0 and torch.allclose(tok + pos_part, x0, atol=1e-5):
-        scale = 1.0  # the model already returned the scaled token embeddings
     _check("the embedding sum", tok * scale + pos_part, x0)
     trace = ForwardTrace(text, ids, token_labels(tokenizer, ids), c.norm_position,
                          c.pos_encoding, c.activation, tok, pos, x0, scale)

@@ -80,33 +80,47 @@ def step_embeddings(t: ForwardTrace, config) -> dict:
     text = [f"Each id selects one row of the learned embedding matrix W_emb "
             f"({config.vocab_size} \u00d7 {c}). Row i below is the vector of token i: "
             f"{c} numbers the model has learned for it."]
-    formula = "E = W_emb[ids]        (T \u00d7 d_model)"
+    formulas = ["E = W_emb[ids]        (T \u00d7 d_model)"]
+    blocks = [matrix("token-embeddings", "token embeddings E (tokens \u00d7 channels)",
+                     t.tok_emb, rows=t.tokens)]
     if t.embed_scale != 1.0:
-        formula += f",  scaled by \u221ad_model = {t.embed_scale:.3g}"
-    return {"id": "embed", "title": "Token embeddings", "formulas": [formula], "text": text,
-            "blocks": [matrix("token-embeddings", "token embeddings E (tokens \u00d7 channels)",
-                              t.tok_emb, rows=t.tokens)]}
+        formulas.append(f"E \u00b7 \u221ad_model = E \u00b7 {t.embed_scale:.3g}        "
+                        "(section 3.4)")
+        text.append(f"As in the paper, the embeddings are then multiplied by \u221ad_model "
+                    f"(\u221a{c} = {t.embed_scale:.3g}). The table starts at std "
+                    "d_model^\u2212\u00bd (as in tensor2tensor), so the scaled rows begin at "
+                    "unit size, as large as the positional encoding added next.")
+        blocks.append(matrix("scaled-embeddings", "scaled embeddings E \u00b7 \u221ad_model",
+                             t.tok_emb * t.embed_scale, rows=t.tokens))
+    return {"id": "embed", "title": "Token embeddings", "formulas": formulas, "text": text,
+            "blocks": blocks}
+
+
+def _embedded(t: ForwardTrace) -> str:
+    """What the positions are added to: E, or E \u00b7 \u221ad_model when the model scales it."""
+    return "E \u00b7 \u221ad_model" if t.embed_scale != 1.0 else "E"
 
 
 def step_positions(t: ForwardTrace, config) -> dict:
-    pe, rows = t.pos_encoding, t.tokens
+    pe, rows, e = t.pos_encoding, t.tokens, _embedded(t)
     x0 = matrix("block-input", "X = first block's input", t.x0, rows=rows)
     if pe == "sinusoidal":
         formulas = ["PE(pos, 2i) = sin(pos / 10000^(2i/d_model))",
                     "PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))",
-                    "X = E + PE"]
+                    f"X = {e} + PE"]
         text = ["The paper's fixed sinusoids: each pair of channels turns at its own "
                 "frequency, so PE(pos + k) is a rotation (a linear map) of PE(pos) and the "
                 "model can read relative offsets. The encoding is added to the embeddings."]
         blocks = [matrix("positions", "positional encoding PE", t.pos_emb, rows=rows), x0]
     elif pe == "learned":
-        formulas = ["P = W_pos[0 .. T\u22121]        (a trained table, GPT-2 style)", "X = E + P"]
+        formulas = ["P = W_pos[0 .. T\u22121]        (a trained table, GPT-2 style)",
+                    f"X = {e} + P"]
         text = ["Each position has its own learned vector (one row of W_pos), added to the "
                 "token's embedding. A learned table cannot go past the context it was "
                 f"trained for (block_size {config.block_size})."]
         blocks = [matrix("positions", "learned position vectors P", t.pos_emb, rows=rows), x0]
     elif pe == "rope":
-        formulas = ["X = E        (nothing is added)",
+        formulas = [f"X = {e}        (nothing is added)",
                     "RoPE: rotate channel pairs (c, c + d_k/2) of q and k at position pos by "
                     "pos \u00b7 \u03b8_c,  \u03b8_c = 10000^(\u22122c/d_k)",
                     "\u21d2  q_i \u00b7 k_j depends on the offset i \u2212 j only"]
@@ -118,7 +132,7 @@ def step_positions(t: ForwardTrace, config) -> dict:
                          cols=[f"\u03b8{i}" for i in range(t.rope_angles.shape[1])]), x0]
     elif pe == "alibi":
         slopes = t.alibi_slopes[None, :]
-        formulas = ["X = E        (nothing is added)",
+        formulas = [f"X = {e}        (nothing is added)",
                     "ALiBi: score(i, j) += \u2212m_h \u00b7 |i \u2212 j|, one slope m_h per head"]
         text = ["Attention with linear biases acts on the scores (step 5): each head "
                 "penalises distant keys in proportion to their distance, with its own "
@@ -126,7 +140,7 @@ def step_positions(t: ForwardTrace, config) -> dict:
         blocks = [matrix("alibi-slopes", "slopes m_h", slopes, rows=["m"],
                          cols=[f"head {h}" for h in range(slopes.shape[1])]), x0]
     else:
-        formulas = ["X = E        (no positional information)"]
+        formulas = [f"X = {e}        (no positional information)"]
         text = ["This model gets no position signal: without the causal mask attention "
                 "would be blind to word order (it is permutation-equivariant)."]
         blocks = [x0]
