@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -32,13 +33,16 @@ from .gpt import absolute_positions
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                                 epsilon: float, ignore_index: int) -> torch.Tensor:
+                                 epsilon: float, ignore_index: int,
+                                 reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
     """Implements label smoothing (Szegedy et al. 2016; the paper's section 5.4).
 
     The one-hot target becomes q = (1 - eps) * onehot(y) + eps / V on every class, and the
     loss is the cross-entropy -sum_v q_v log p_v = (1 - eps) * NLL(y) + eps * mean_v(-log p_v),
-    averaged over the positions whose target is not ``ignore_index``. Same value as
-    ``F.cross_entropy(..., label_smoothing=eps, ignore_index=...)``.
+    averaged over the positions whose target is not ``ignore_index`` (``reduction="sum"``:
+    summed over them, for a trainer that divides by the target tokens of a whole batch split
+    across processes). Same value as ``F.cross_entropy(..., label_smoothing=eps,
+    ignore_index=..., reduction=...)``.
 
     logits: (N, V), targets: (N,). Returns a scalar.
     """
@@ -48,9 +52,11 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
     nll = -logp.gather(-1, safe[:, None]).squeeze(-1)  # (N,)
     uniform = -logp.mean(dim=-1)  # (N,) cross-entropy against the uniform distribution
     per_token = (1.0 - epsilon) * nll + epsilon * uniform  # (N,)
-    n = keep.sum()
+    total = (per_token * keep).sum()
+    if reduction == "sum":
+        return total
     # An all-padding batch gives 0 (with a gradient path), not NaN.
-    return (per_token * keep).sum() / n.clamp(min=1)
+    return total / keep.sum().clamp(min=1)
 
 
 @dataclass
@@ -144,13 +150,15 @@ class Seq2SeqTransformer(nn.Module):
         return self.lm_head(h), internals  # (B, T, V)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, targets: torch.Tensor | None = None,
-                return_internals: bool = False, label_smoothing: float | None = None):
+                return_internals: bool = False, label_smoothing: float | None = None,
+                reduction: Literal["mean", "sum"] = "mean"):
         """src: (B, S) source ids; tgt: (B, T) decoder input (<s> y_1 ...); targets: (B, T)
         the ids to predict (y_1 ... </s>, pad_id where there is nothing to predict).
 
         Returns (logits (B, T, V), loss or None) and, with ``return_internals``, a
         ``Seq2SeqInternals`` with every attention map. ``label_smoothing`` overrides the
-        config's epsilon (0 gives the plain cross-entropy, e.g. for validation).
+        config's epsilon (0 gives the plain cross-entropy, e.g. for validation); ``reduction``
+        "sum" sums the loss over the target tokens instead of averaging it.
         """
         memory, src_mask, enc_int = self.encode(src, need_weights=return_internals)
         logits, dec_int = self.decode(tgt, memory, src_mask, need_weights=return_internals)
@@ -158,7 +166,8 @@ class Seq2SeqTransformer(nn.Module):
         if targets is not None:
             eps = self.config.label_smoothing if label_smoothing is None else label_smoothing
             loss = label_smoothed_cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                                targets.reshape(-1), eps, self.config.pad_id)
+                                                targets.reshape(-1), eps, self.config.pad_id,
+                                                reduction)
         if return_internals:
             return logits, loss, Seq2SeqInternals(enc_int, dec_int)
         return logits, loss
