@@ -11,7 +11,8 @@
 
 The trainer holds one ``HealthGuard`` and calls it at its log points (``on_train_loss``)
 and evaluation points (``on_eval``, ``entropy_columns``); it stops when ``stop_requested``.
-This module depends on torch only, so the training loop can import it.
+The task says which val batch to measure and which attention maps the model's internals
+hold (``Task.health_batch``, ``Task.attention_maps``); nothing here asks for a family.
 
 Shapes: B batch, nh heads, Tq query length, Tk key length.
 """
@@ -33,14 +34,6 @@ def attention_entropy(weights: torch.Tensor) -> float:
     p = weights.float()  # (B, nh, Tq, Tk)
     h = -torch.special.xlogy(p, p).sum(dim=-1)  # (B, nh, Tq)
     return h.mean().item()
-
-
-def attention_maps(internals) -> dict[str, list[torch.Tensor]]:
-    """Column prefix -> per-layer attention weights, for one stack or an encoder-decoder."""
-    if hasattr(internals, "encoder") and hasattr(internals, "decoder"):  # Seq2SeqInternals
-        return {"enc_": internals.encoder.attentions, "dec_": internals.decoder.attentions,
-                "cross_": internals.decoder.cross_attentions}
-    return {"": internals.attentions}
 
 
 class HealthGuard:
@@ -92,21 +85,20 @@ class HealthGuard:
     def entropy_columns(self, model, task, device) -> dict[str, float]:
         """Per-layer attention entropy on one fixed val batch: {"attn_entropy_0": H, ...}.
 
-        The batch is ``task.batch("val", ...)`` with a fixed seed (the same windows at every
-        evaluation) and goes through ``model(*batch, return_internals=True)``, which every
-        family's model accepts. A model or task without that interface gives {}.
+        The batch is ``task.health_batch(ENTROPY_TOKENS)`` (the same one at every evaluation)
+        and goes through ``model(*batch, return_internals=True)``, which every family's model
+        accepts; ``task.attention_maps`` names the maps. A val split too short for a batch,
+        or a model without ``return_internals``, gives {}.
         """
-        block = getattr(task, "block_size", None) or 128
-        gen = torch.Generator().manual_seed(0)
         try:
-            batch = task.batch("val", max(1, min(8, ENTROPY_TOKENS // block)), gen)
-        except (AttributeError, KeyError, TypeError, ValueError):
+            batch = task.health_batch(ENTROPY_TOKENS)
+        except (KeyError, TypeError, ValueError):  # a val split that cannot give one
             return {}
         was_training = model.training
         model.eval()
         try:
             out = model(*(t.to(device) for t in batch), return_internals=True)
-            maps = attention_maps(out[-1])
+            maps = task.attention_maps(out[-1])
         except (TypeError, AttributeError):  # no return_internals: nothing to measure
             return {}
         finally:

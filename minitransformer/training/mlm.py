@@ -1,8 +1,9 @@
 """The masked-language-model task: what the trainer needs to train an ``EncoderModel``.
 
-Same interface as ``LanguageModelTask`` (batch, loss, tokens, sample): each batch is
-``batch_size`` random windows of the token stream, corrupted as BERT does (15% chosen;
-80% [MASK], 10% random, 10% kept), with the original ids as targets at the chosen positions.
+A ``WindowTask`` (see ``task.py``) like ``LanguageModelTask``: each batch is ``batch_size``
+random windows of the token stream, corrupted as BERT does (15% chosen; 80% [MASK], 10%
+random, 10% kept), with the original ids as targets at the chosen positions. The target
+tokens that the loss is normalised by are the chosen positions only.
 The corruption draws from the trainer's batch generator, so a resumed run sees the same
 batches. Evaluation adds masked-token accuracy beside the loss, and the accuracy of always
 guessing the most frequent training token, the baseline to beat.
@@ -14,36 +15,29 @@ from __future__ import annotations
 
 import torch
 
-from ..data import get_batch
 from ..models.mlm import IGNORE, mask_tokens, masked_accuracy
+from .task import Batch, WindowTask
 
 MASK_SHOWN = "▒"  # how a masked position is printed in samples
 
 
-class MaskedLMTask:
+class MaskedLMTask(WindowTask):
     """Masked-token prediction on one token stream (BERT's pre-training task #1)."""
 
     family = "encoder"
 
     def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int,
                  mask_id: int, vocab_size: int, mask_prob: float = 0.15):
-        self.data = {"train": train_ids, "val": val_ids}
-        self.block_size, self.mask_id, self.vocab_size = block_size, mask_id, vocab_size
+        super().__init__(train_ids, val_ids, block_size)
+        self.mask_id, self.vocab_size = mask_id, vocab_size
         self.mask_prob = mask_prob
         counts = torch.bincount(train_ids, minlength=vocab_size)  # (V,)
         self.most_frequent = int(counts.argmax())
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator):
+    def batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         """(inputs (B, T), targets (B, T)); targets are IGNORE where nothing was chosen."""
-        ids, _ = get_batch(self.data[split], batch_size, self.block_size, generator)  # (B, T)
+        ids, _ = self.windows(split, batch_size, generator)  # (B, T)
         return mask_tokens(ids, self.mask_id, self.vocab_size, generator, self.mask_prob)
-
-    def loss(self, model, batch) -> torch.Tensor:
-        x, y = batch
-        return model(x, y)[1]
-
-    def tokens(self, batch) -> int:
-        return batch[0].numel()
 
     @torch.no_grad()
     def accuracy(self, model, split: str, batch_size: int, iters: int, device,
