@@ -18,7 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import flops_per_token, matmul_peak, sync  # noqa: E402
 
-from minitransformer.config import GPTConfig, TrainConfig, get_preset, split_fields  # noqa: E402
+from minitransformer.config import GPTConfig, TrainConfig, split_fields  # noqa: E402
+from minitransformer.presets import GPT as GPT_PRESETS  # noqa: E402
+from minitransformer.presets import get_preset  # noqa: E402
 from minitransformer.models import GPT  # noqa: E402
 from minitransformer.training.device import (  # noqa: E402
     autocast,
@@ -36,7 +38,7 @@ def measure(preset: str, attn_impl: str = "auto", device_name: str = "auto",
     set_threads()
     device = pick_device(device_name)
     dtype = pick_dtype(dtype_name, device)
-    model_p, train_p = split_fields({**get_preset("gpt", preset), **overrides},
+    model_p, train_p = split_fields({**get_preset(GPT_PRESETS, preset), **overrides},
                                     GPTConfig, TrainConfig)
     cfg = GPTConfig(**{**model_p, "attn_impl": attn_impl, "dropout": 0.0})
     tcfg = TrainConfig(**train_p)

@@ -1,13 +1,13 @@
-"""Typed configs and the named presets.
+"""Typed configs: one dataclass per model family, and the training loop's.
 
-One dataclass per model family (``GPTConfig`` here; the encoder-decoder adds its own) and one
-``TrainConfig`` for the training loop, whose field names follow nanoGPT's. Presets live in one
-dict, ``PRESETS[family][name]``, each a flat mapping of field -> value over both configs.
+``GPTConfig``, ``EncoderConfig`` and ``Seq2SeqConfig`` describe models; ``TrainConfig`` the
+training loop, whose field names follow nanoGPT's. The docstring under each field is its
+help text (``--help`` shows it). Impossible values fail at construction with a message.
+The named presets are in ``presets.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 import re
@@ -61,24 +61,41 @@ class GPTConfig:
     """A decoder-only language model (GPT-2 when the defaults are kept)."""
 
     vocab_size: int = 65
-    block_size: int = 256  # context length T
+    """vocabulary size (set from the tokenizer when training)"""
+    block_size: int = 256
+    """context length T in tokens"""
     n_layer: int = 6
+    """number of Transformer blocks"""
     n_head: int = 6
+    """attention heads per block"""
     n_embd: int = 384  # d_model
-    d_ff: int | None = None  # feed-forward width; None = 4 * n_embd
+    """model width d_model (divisible by n_head)"""
+    d_ff: int | None = None
+    """feed-forward width (default 4 * n_embd)"""
     dropout: float = 0.0
+    """dropout probability (0 = none)"""
     bias: bool = True
+    """biases in linear layers and LayerNorms"""
     pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "learned"
+    """how positions enter the model"""
     norm_position: Literal["pre", "post"] = "pre"
+    """LayerNorm before (pre, GPT) or after (post, the paper) each sublayer"""
     activation: Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    """feed-forward activation"""
     attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    """attention path: reference (explicit softmax), fast (PyTorch's fused kernel), or auto
+    (whichever is faster for the device and dtype)"""
     init: Literal["gpt2", "xavier"] = "gpt2"
+    """weight initialisation: GPT-2 normal(0.02) or the paper's Xavier uniform"""
     tie_weights: bool = True
+    """share the token embedding with the output layer"""
     layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon"""
     # The paper's sqrt(d_model) embedding scale (section 3.4), with token embeddings drawn at
     # std d_model^-0.5 so that they enter at unit size, as large as sinusoidal positions
     # (GPT-2's std 0.02 embeddings are drowned by them).
     scale_embeddings: bool = False
+    """multiply token embeddings by sqrt(n_embd) (the paper)"""
 
     def __post_init__(self):
         _check_transformer(self)
@@ -93,24 +110,45 @@ class EncoderConfig:
     """A bidirectional encoder (BERT's layout: learned positions, Post-LN, exact GELU)."""
 
     vocab_size: int = 65
-    block_size: int = 128  # longest input (BERT's max_position_embeddings)
+    """vocabulary size (set from the tokenizer when training)"""
+    block_size: int = 128
+    """longest input (BERT's max_position_embeddings)"""
     n_layer: int = 4
+    """number of Transformer blocks"""
     n_head: int = 4
+    """attention heads per block"""
     n_embd: int = 128  # d_model
-    d_ff: int | None = None  # feed-forward width; None = 4 * n_embd
+    """model width d_model (divisible by n_head)"""
+    d_ff: int | None = None
+    """feed-forward width (default 4 * n_embd)"""
     dropout: float = 0.0
+    """dropout probability (0 = none)"""
     bias: bool = True
+    """biases in linear layers and LayerNorms"""
     pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "learned"
+    """how positions enter the model"""
     norm_position: Literal["pre", "post"] = "post"
+    """LayerNorm before (pre, GPT) or after (post, the paper) each sublayer"""
     activation: Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    """feed-forward activation"""
     attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    """attention path: reference (explicit softmax), fast (PyTorch's fused kernel), or auto
+    (whichever is faster for the device and dtype)"""
     init: Literal["gpt2", "xavier"] = "gpt2"
+    """weight initialisation: GPT-2 normal(0.02) or the paper's Xavier uniform"""
     layer_norm_eps: float = 1e-12
-    type_vocab_size: int = 0  # token-type (segment A/B) embeddings; 0 = none
+    """LayerNorm epsilon"""
+    type_vocab_size: int = 0
+    """token-type (segment) embeddings, 0 = none"""
     embedding_norm: Literal["layernorm", "none"] = "layernorm"  # LayerNorm after the sum
-    mlm_head: Literal["bert", "linear", "none"] = "bert"  # masked-LM output head
+    """LayerNorm on the summed embeddings, as BERT"""
+    mlm_head: Literal["bert", "linear", "none"] = "bert"
+    """masked-LM output: BERT's dense+GELU+LayerNorm transform, a plain linear layer, or none
+    (an embedding model)"""
     tie_weights: bool = True  # MLM head's output matrix = the token embedding
-    mask_id: int | None = None  # id of the [MASK] token used in masked-LM training
+    """share the token embedding with the output layer"""
+    mask_id: int | None = None
+    """id of the [MASK] token (set from the tokenizer)"""
 
     def __post_init__(self):
         _check_transformer(self)
@@ -135,27 +173,50 @@ class Seq2SeqConfig:
     """
 
     vocab_size: int = 8000
-    block_size: int = 256  # longest source or target sentence, in tokens
+    """vocabulary size (set from the tokenizer when training)"""
+    block_size: int = 256
+    """longest source or target sentence, in tokens"""
     n_layer: int = 6  # layers in each stack, unless n_encoder_layer / n_decoder_layer say
+    """number of Transformer blocks"""
     n_encoder_layer: int | None = None
+    """encoder layers (default n_layer)"""
     n_decoder_layer: int | None = None
+    """decoder layers (default n_layer)"""
     n_head: int = 8
+    """attention heads per block"""
     n_embd: int = 512  # d_model
+    """model width d_model (divisible by n_head)"""
     d_ff: int | None = None  # None = 4 * n_embd (2048 in the paper)
+    """feed-forward width (default 4 * n_embd)"""
     dropout: float = 0.1
+    """dropout probability (0 = none)"""
     bias: bool = True
+    """biases in linear layers and LayerNorms"""
     pos_encoding: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
+    """how positions enter the model"""
     norm_position: Literal["pre", "post"] = "post"
+    """LayerNorm before (pre, GPT) or after (post, the paper) each sublayer"""
     activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"
+    """feed-forward activation"""
     attn_impl: Literal["auto", "reference", "fast"] = "auto"
+    """attention path: reference (explicit softmax), fast (PyTorch's fused kernel), or auto
+    (whichever is faster for the device and dtype)"""
     init: Literal["gpt2", "xavier"] = "xavier"
+    """weight initialisation: GPT-2 normal(0.02) or the paper's Xavier uniform"""
     tie_weights: bool = True
+    """share the token embedding with the output layer"""
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (section 3.4)
+    """multiply token embeddings by sqrt(n_embd) (the paper)"""
     label_smoothing: float = 0.1  # epsilon_ls (section 5.4)
+    """label smoothing epsilon of the training loss (the paper: 0.1)"""
     layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon"""
     pad_id: int = 0
+    """padding id (set from the tokenizer)"""
     bos_id: int = 1
+    """<s> id (set from the tokenizer)"""
     eos_id: int = 2
+    """</s> id (set from the tokenizer)"""
 
     def __post_init__(self):
         _check_transformer(self, "n_encoder_layer", "n_decoder_layer")
@@ -184,26 +245,49 @@ class TrainConfig:
     """The training loop's settings; names as in nanoGPT's train.py."""
 
     batch_size: int = 12
+    """sequences per optimizer step (global)"""
     max_iters: int = 2000
+    """optimizer steps to train for"""
     eval_interval: int = 250
+    """evaluate, sample and checkpoint every N steps"""
     eval_iters: int = 200
+    """batches averaged for the val loss"""
     log_interval: int = 10
+    """log train loss every N steps"""
     learning_rate: float = 1e-3
+    """peak learning rate"""
     min_lr: float = 1e-4
+    """learning rate at the end of the cosine decay"""
     warmup_iters: int = 100
+    """linear warmup steps"""
     weight_decay: float = 0.1
+    """AdamW weight decay (matrices only)"""
     beta1: float = 0.9
+    """AdamW beta1"""
     beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping
+    """AdamW beta2"""
+    grad_clip: float = 1.0
+    """clip the gradient norm to this (0 = off)"""
     grad_accum: int = 1
+    """split each step into this many micro-batches"""
     seed: int = 1337
-    time_budget: float | None = None  # seconds of training (evaluation excluded)
-    lr_schedule: Literal["cosine", "noam"] = "cosine"  # noam: the paper's, section 5.3
-    keep_last: int = 3  # how many recent checkpoints stay in checkpoints/
-    sample_tokens: int = 200  # length of the sample printed at each evaluation
+    """random seed (weights, data order, dropout)"""
+    time_budget: float | None = None
+    """train for this long (e.g. 120s, 5m), evaluation excluded"""
+    lr_schedule: Literal["cosine", "noam"] = "cosine"
+    """cosine: warmup + cosine decay; noam: the paper's d^-0.5 min(s^-0.5, s w^-1.5)
+    (section 5.3)"""
+    keep_last: int = 3
+    """recent checkpoints kept in checkpoints/"""
+    sample_tokens: int = 200
+    """length of the sample printed at each evaluation (0 = none)"""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """auto picks cuda, then mps, then cpu"""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: bf16 autocast on GPUs and CPUs with native bf16, fp16 on older GPUs, fp32
+    elsewhere (weights stay fp32)"""
     compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile the model (auto = on CUDA)"""
 
     def __post_init__(self):
         _check_positive(self, "batch_size", "max_iters", "eval_interval", "eval_iters",
@@ -226,83 +310,6 @@ def parse_duration(text: str | float | int) -> float:
     if not m:
         raise ConfigError(f"cannot read the duration {text!r}: write e.g. 120s, 5m or 1h")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-PRESETS: dict[str, dict[str, dict]] = {
-    "gpt": {
-        # Seconds on a laptop: for tests and a first look.
-        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=16,
-                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=3e-3,
-                      min_lr=3e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=80),
-        # About two minutes of training on 2 CPU cores (the `make demo` model), tuned by
-        # 120-s runs on Tiny Shakespeare (docs/BENCHMARKS.md): in that time 3 layers beat 4
-        # (more steps), ReLU (the paper's FFN) beats GELU, and batches of 32 at lr 5e-3 beat
-        # 16 at 3e-3; val loss about 1.60 with bf16 autocast.
-        "cpu-small": dict(n_layer=3, n_head=4, n_embd=128, block_size=64, batch_size=32,
-                          max_iters=100_000, time_budget=120.0, eval_interval=500,
-                          eval_iters=200, learning_rate=5e-3, min_lr=1e-4, warmup_iters=100,
-                          beta2=0.99, weight_decay=0.1, dropout=0.0, activation="relu"),
-        # nanoGPT's shakespeare-char GPU config.
-        "shakespeare-char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256,
-                                 batch_size=64, dropout=0.2, max_iters=5000,
-                                 eval_interval=250, learning_rate=1e-3, min_lr=1e-4,
-                                 warmup_iters=100, beta2=0.99),
-        # GPT-2 small: 124,439,808 parameters with vocab_size 50257 and tied weights.
-        "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024,
-                          vocab_size=50257, bias=True, tie_weights=True, dropout=0.0,
-                          activation="gelu_tanh", pos_encoding="learned",
-                          norm_position="pre", batch_size=8, learning_rate=6e-4,
-                          min_lr=6e-5, warmup_iters=2000, max_iters=600_000,
-                          weight_decay=0.1, beta2=0.95),
-    },
-    # The bidirectional encoder, trained as a masked language model (BERT's task #1).
-    "encoder": {
-        # Seconds: for tests and a first look.
-        "debug": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=32,
-                      max_iters=200, eval_interval=100, eval_iters=20, learning_rate=3e-3,
-                      min_lr=3e-4, warmup_iters=20, weight_decay=0.0, sample_tokens=32),
-        # About two minutes of training on 2 CPU cores.
-        "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16,
-                          max_iters=100_000, time_budget=120.0, eval_interval=500,
-                          eval_iters=50, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
-                          weight_decay=0.01, beta2=0.999, sample_tokens=96),
-        # BERT-base (Devlin et al. 2019, appendix A.2): 12 layers, 768 wide, 12 heads,
-        # sequences of 512, dropout 0.1, Adam lr 1e-4 with 10,000 warmup steps, decay 0.01.
-        "bert-base": dict(n_layer=12, n_head=12, n_embd=768, d_ff=3072, block_size=512,
-                          type_vocab_size=2, dropout=0.1, batch_size=256, max_iters=1_000_000,
-                          learning_rate=1e-4, min_lr=0.0, warmup_iters=10_000,
-                          weight_decay=0.01, beta1=0.9, beta2=0.999, eval_interval=2000),
-    },
-    # The encoder-decoder. batch_tokens / train_max_len belong to parallel.ParallelDataConfig.
-    "seq2seq": {
-        # Seconds: for tests and a first look (it will not translate well).
-        "debug": dict(n_layer=2, n_head=2, n_embd=64, d_ff=128, vocab_size=1000, dropout=0.1,
-                      batch_size=64, batch_tokens=1024, train_max_len=48, max_iters=100,
-                      eval_interval=50, eval_iters=5, learning_rate=2e-3, min_lr=2e-4,
-                      warmup_iters=20, weight_decay=0.0, beta2=0.98, sample_tokens=40),
-        # 15 minutes of training on 2 CPU cores (15 min 17 s with set-up and evaluation). Sized
-        # for that budget; short runs on 1 thread (BLEU with beam 4 on 200 valid pairs):
-        # in equal time a small model (1.9M parameters) beats a wider one that sees fewer
-        # tokens (d_model 128: 8.4, 192: 4.1), and for the same 2.2M target tokens many
-        # small batches beat fewer large ones (1,200 tokens per batch: 12.6; 2,000: 11.6;
-        # 3,000: 8.4). No dropout: at this budget the model underfits. The 15-minute run
-        # sees about 3x the tokens of those runs.
-        "cpu-small": dict(n_layer=3, n_head=4, n_embd=128, d_ff=512, vocab_size=4000,
-                          dropout=0.0, batch_size=256, batch_tokens=1200, train_max_len=80,
-                          max_iters=1_000_000, time_budget=900.0, eval_interval=1000,
-                          eval_iters=20, learning_rate=2e-3, min_lr=1e-4, warmup_iters=200,
-                          weight_decay=0.0, beta1=0.9, beta2=0.98, grad_clip=1.0,
-                          sample_tokens=60),
-        # The paper's base model (sections 5.1-5.4): 6+6 layers, d_model 512, 8 heads,
-        # d_ff 2048, dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98), the noam schedule
-        # with 4000 warmup steps, about 25,000 source + 25,000 target tokens per step.
-        "base": dict(n_layer=6, n_head=8, n_embd=512, d_ff=2048, vocab_size=8000,
-                     dropout=0.1, label_smoothing=0.1, batch_size=4096, batch_tokens=25000,
-                     train_max_len=128, lr_schedule="noam", warmup_iters=4000,
-                     max_iters=100_000, eval_interval=1000, eval_iters=50, beta1=0.9,
-                     beta2=0.98, weight_decay=0.0, grad_clip=0.0, sample_tokens=80),
-    },
-}
 
 
 def field_names(cls) -> list[str]:
@@ -329,14 +336,6 @@ def split_fields(values: dict, *classes) -> list[dict]:
     return parts
 
 
-def get_preset(family: str, name: str) -> dict:
-    presets = PRESETS.get(family, {})
-    if name not in presets:
-        raise ConfigError(f"unknown preset {name!r} for {family}{closest(name, presets)}; "
-                          f"choose from {', '.join(presets)}")
-    return dict(presets[name])
-
-
 def config_from_dict(cls, values: dict):
     """Build a config from a dict (e.g. config.json), rejecting unknown keys."""
     names = field_names(cls)
@@ -347,7 +346,3 @@ def config_from_dict(cls, values: dict):
         return cls(**values)
     except TypeError as e:  # wrong value types from a hand-edited file
         raise ConfigError(f"bad {cls.__name__}: {e}") from None
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)

@@ -8,8 +8,8 @@ import torch
 from minitransformer.cli import main
 from minitransformer.data import load_text
 from minitransformer.errors import UserError
-from minitransformer.interop.cli import stream_text
 from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
+from minitransformer.tokenizers.streaming import stream_text
 
 SAMPLES = [
     "First Citizen:\nBefore we proceed any further, hear me speak.",

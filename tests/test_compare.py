@@ -11,11 +11,10 @@ import math
 import pytest
 import torch
 
-from minitransformer import cli
+from minitransformer import cli, families
 from minitransformer.config import GPTConfig, Seq2SeqConfig
-from minitransformer.experiments import families
-from minitransformer.experiments.families import GPTFamily
 from minitransformer.experiments.seeding import reseed_parameters
+from minitransformer.families.gpt import GPTFamily
 from minitransformer.models import GPT, Seq2SeqTransformer
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
@@ -148,7 +147,7 @@ class RecordingGPT(GPTFamily):
 def test_compare_same_batches_same_start_plot_and_tables(tmp_path, monkeypatch, tiny_corpus,
                                                         capsys):
     RecordingGPT.batches, RecordingGPT.initial = {}, {}
-    monkeypatch.setitem(families.FAMILIES, "gpt", RecordingGPT)
+    monkeypatch.setitem(families.FAMILIES, "gpt", RecordingGPT())
     out = tmp_path / "cmp"
     code = cli.main(["compare", "--data", str(tiny_corpus), "--out", str(out),
                      "--vary", "pos_encoding=sinusoidal,learned,rope,alibi",
@@ -199,7 +198,7 @@ def test_loss_at_length_equals_direct_cross_entropy():
     """One window of length L: the family's loss is the model's mean next-token loss on it."""
     fam = GPTFamily()
     ids = torch.arange(100) % 13
-    prepared = families.Prepared("x", "utf-8", None, ids, ids)
+    prepared = families.Prepared("x", "utf-8", None, {}, ids, ids)
     model = _gpt("alibi").eval()
     got = fam.loss_at_length(model, prepared, 40, "cpu", n_tokens=1)  # 4 windows of 40
     gen = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minitransformer import GPT, GPTConfig
+from minitransformer import GPT, GPTConfig, load_checkpoint
 from minitransformer.training import checkpoint as ckpt
 
 COMMON = ["--preset", "debug", "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "2",
@@ -89,7 +89,7 @@ def test_grad_accum_equals_one_big_batch(runs):
 
 
 def test_ddp_checkpoint_loads_and_samples_in_one_process(runs):
-    model, tok = ckpt.load_checkpoint(runs / "ddp")
+    model, tok = load_checkpoint(runs / "ddp")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in model.state_dict())
     proc = run([sys.executable, "-m", "minitransformer", "sample", str(runs / "ddp"),
                 "--prompt", "The", "--max-new-tokens", "20", "--seed", "1"])
@@ -131,6 +131,6 @@ def test_compiled_model_checkpoint_loads_in_a_plain_model(tmp_path):
 
     meta = {"family": "gpt", "model": cfg.__dict__}
     ckpt.write_model_files(tmp_path, compiled, meta, Tok())
-    plain, _ = ckpt.load_checkpoint(tmp_path)
+    plain, _ = load_checkpoint(tmp_path)
     idx = torch.randint(0, 20, (2, 8))
     assert torch.equal(plain(idx)[0], model.eval()(idx)[0])

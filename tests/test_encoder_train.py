@@ -6,10 +6,10 @@ import re
 
 import pytest
 
+from minitransformer import load_checkpoint
 from minitransformer.cli import main
 from minitransformer.data import load_text
 from minitransformer.models import EncoderModel
-from minitransformer.training.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")

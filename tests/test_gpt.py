@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minitransformer.config import PRESETS, GPTConfig, TrainConfig, get_preset, split_fields
+from minitransformer.config import GPTConfig, TrainConfig, split_fields
 from minitransformer.errors import ConfigError, UserError
 from minitransformer.models import GPT
+from minitransformer.presets import GPT as GPT_PRESETS
+from minitransformer.presets import get_preset
 
 POS_ENCODINGS = ["sinusoidal", "learned", "rope", "alibi", "none"]
 
@@ -100,7 +102,7 @@ def test_learned_positions_refuse_longer_input(make_gpt):
 # ---- sizes ------------------------------------------------------------------------------
 
 def test_gpt2_124m_parameter_count():
-    model_fields, _ = split_fields(get_preset("gpt", "gpt2-124m"), GPTConfig, TrainConfig)
+    model_fields, _ = split_fields(get_preset(GPT_PRESETS, "gpt2-124m"), GPTConfig, TrainConfig)
     cfg = GPTConfig(**model_fields)
     assert (cfg.vocab_size, cfg.tie_weights) == (50257, True)
     with torch.device("meta"):
@@ -120,8 +122,8 @@ def test_untied_head_counts_its_own_matrix(make_gpt):
 
 
 def test_every_preset_builds_a_valid_config():
-    for name in PRESETS["gpt"]:
-        model_fields, _ = split_fields(get_preset("gpt", name), GPTConfig, TrainConfig)
+    for name in GPT_PRESETS:
+        model_fields, _ = split_fields(get_preset(GPT_PRESETS, name), GPTConfig, TrainConfig)
         GPTConfig(**model_fields)
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minitransformer import load_checkpoint
 from minitransformer.cli import main
 from minitransformer.training import checkpoint as ckpt
 
@@ -104,10 +105,10 @@ def test_killed_during_a_save_the_previous_checkpoint_still_loads(corpus, tmp_pa
            "--max_iters", "20", "--eval_interval", "5"]
     proc = subprocess.run(cmd, env={**ENV, "DIE_AT_SAVE": str(die_at)}, capture_output=True)
     assert proc.returncode == -signal.SIGKILL
-    model, tok = ckpt.load_checkpoint(out)  # the best model written at step 5
+    model, tok = load_checkpoint(out)  # the best model written at step 5
     assert model(torch.zeros(1, 4, dtype=torch.long))[0].isfinite().all()
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_0000005"]
-    ckpt.load_checkpoint(out, which="last")
+    load_checkpoint(out, which="last")
     resumed = subprocess.run(train_cmd(corpus, out, "--max_iters", "10", "--eval_interval", "5",
                                        "--resume"), env=ENV, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
@@ -128,7 +129,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
     assert "--resume" in stdout and "Traceback" not in stderr
     saved = ckpt.list_checkpoints(out)
     assert saved and int(saved[-1].name.split("_")[1]) >= 5
-    ckpt.load_checkpoint(out, which="last")
+    load_checkpoint(out, which="last")
 
 
 class InfAfter:
@@ -172,18 +173,18 @@ def test_inf_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
         train(model, tok, task, cfg, tmp_path, {"family": "gpt", "model": vars(model.config)},
               progress=False, echo=lambda *a: None)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_0000010"]
-    good, _ = ckpt.load_checkpoint(tmp_path)
+    good, _ = load_checkpoint(tmp_path)
     assert all(p.isfinite().all() for p in good.parameters())
 
 
 def test_internal_error_is_one_line_and_exit_1_traceback_only_with_debug(monkeypatch, capsys,
                                                                          tmp_path):
-    from minitransformer import commands
+    from minitransformer.cli import evaluate
 
     def broken(args):
         raise RuntimeError("something inside broke")
 
-    monkeypatch.setattr(commands, "cmd_evaluate", broken)
+    monkeypatch.setattr(evaluate, "cmd_evaluate", broken)
     argv = ["evaluate", str(tmp_path)]
     assert main(argv) == 1
     err = capsys.readouterr().err

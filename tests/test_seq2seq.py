@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minitransformer import load_checkpoint
 from minitransformer.config import Seq2SeqConfig
 from minitransformer.errors import ConfigError
-from minitransformer.models import FAMILIES, Seq2SeqTransformer
+from minitransformer.families import FAMILIES
+from minitransformer.models import Seq2SeqTransformer
 from minitransformer.models.decoding import beam_search, greedy_decode, pad_batch
 from minitransformer.tokenizers import BPETokenizer
 from minitransformer.toy import exact_match, toy_batch, train_toy
@@ -164,13 +166,14 @@ def test_paper_defaults_and_shared_embedding():
 
 
 def test_checkpoint_round_trip(tmp_path):
-    assert FAMILIES["seq2seq"] == (Seq2SeqConfig, Seq2SeqTransformer)
+    fam = FAMILIES["seq2seq"]
+    assert (fam.config_class, fam.model_class) == (Seq2SeqConfig, Seq2SeqTransformer)
     model = make_model()
     tok = BPETokenizer.train(["a b c", "d e f"] * 5, vocab_size=40)
     meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
             "model": dataclasses.asdict(model.config)}
     ckpt.write_model_files(tmp_path, model, meta, tok)
-    loaded, tok2 = ckpt.load_checkpoint(tmp_path)
+    loaded, tok2 = load_checkpoint(tmp_path)
     src = pad_batch(random_sources(2), PAD)
     tgt = torch.tensor([[BOS, 4, 5], [BOS, 6, 7]])
     torch.testing.assert_close(loaded(src, tgt)[0], model(src, tgt)[0])

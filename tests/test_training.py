@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minitransformer import cli, commands
+from minitransformer import cli, load_checkpoint
 from minitransformer.config import GPTConfig
+from minitransformer.experiments import runs
 from minitransformer.models import GPT
 from minitransformer.training import checkpoint as ckpt
 from minitransformer.training.optim import param_groups
@@ -70,14 +71,14 @@ def run40(tmp_path_factory):
     """A 40-step debug run (eval every 20) and the model object the trainer held."""
     out = tmp_path_factory.mktemp("run40")
     held = {}
-    real_train = commands.train
+    real_train = runs.train
 
     def spy(model, *args, **kwargs):
         held["model"] = model
         return real_train(model, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(commands, "train", spy)
+        mp.setattr(runs, "train", spy)
         _train(out, "--max_iters", "40", "--eval_interval", "20")
     return out, held["model"]
 
@@ -88,7 +89,7 @@ def test_checkpoint_round_trip_gives_identical_logits(run40):
     idx = torch.randint(0, model.config.vocab_size, (2, model.config.block_size))
     with torch.no_grad():
         expected, _ = model(idx)
-    loaded, tokenizer = ckpt.load_checkpoint(out, which="last")
+    loaded, tokenizer = load_checkpoint(out, which="last")
     assert loaded.config == model.config
     assert tokenizer.vocab_size == model.config.vocab_size
     with torch.no_grad():
@@ -97,7 +98,7 @@ def test_checkpoint_round_trip_gives_identical_logits(run40):
     assert loaded.lm_head.weight is loaded.tok_emb.weight  # tying survives the round trip
     # The run folder's top level holds the best model; checkpoints/ the last ones.
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_0000020", "step_0000040"]
-    best, _ = ckpt.load_checkpoint(out)
+    best, _ = load_checkpoint(out)
     meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
     src = out / "checkpoints" / f"step_{meta['step']:07d}" / "model.safetensors"
     for name, tensor in load_file(src).items():

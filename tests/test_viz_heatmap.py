@@ -14,12 +14,12 @@ import torch
 from minitransformer.cli import main
 from minitransformer.config import GPTConfig
 from minitransformer.data import load_text
+from minitransformer.families import FAMILIES
 from minitransformer.models import GPT
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
 from minitransformer.viz import fonts
 from minitransformer.viz.heatmap import attention_figure, figure_texts, plot_context
-from minitransformer.viz.views import attention_views
 
 SENTENCE = "我吃了一个红苹果"  # the tutorials' example; every character is in the sayings corpus
 N_LAYER, N_HEAD = 3, 2  # not square, so rows and columns cannot be swapped unnoticed
@@ -61,7 +61,7 @@ def test_cli_writes_a_png_grid(zh_run, tmp_path, capsys):
 
 def test_grid_is_layers_by_heads_labelled_with_tokens(zh_run):
     folder, model, tokenizer = zh_run
-    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)
     with plot_context(figure_texts(views)):
         fig = attention_figure(views)
     panels = _panels(fig)
@@ -95,7 +95,7 @@ def _draw_warnings(views, families=None):
 
 def test_chinese_labels_render_with_no_missing_glyph(zh_run):
     folder, model, tokenizer = zh_run
-    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)
     families = fonts.font_families(SENTENCE)
     assert len(families) == 2, "a CJK font should be chosen as the fallback"
     assert _draw_warnings(views) == []
@@ -115,7 +115,7 @@ def test_no_cjk_font_gives_a_warning_not_silent_boxes(zh_run, monkeypatch):
 
 def test_layer_and_head_pick_one_panel(zh_run, tmp_path):
     folder, model, tokenizer = zh_run
-    views = attention_views(model, tokenizer, "gpt", SENTENCE)
+    views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)
     with plot_context(figure_texts(views)):
         fig = attention_figure(views, layer=2, head=1)
     assert list(_panels(fig)) == ["attn:self-attention:2:1"]
@@ -174,7 +174,7 @@ def test_seq2seq_shows_encoder_decoder_and_cross_attention(bpe, tmp_path):
                         n_decoder_layer=3, n_head=2, n_embd=16, dropout=0.0)
     model = Seq2SeqTransformer(cfg).eval()
     _save_family(tmp_path / "s2s", "seq2seq", cfg, model, bpe)
-    views = attention_views(model, bpe, "seq2seq", "the cat sat", target="el gato")
+    views = FAMILIES["seq2seq"].attention_views(model, bpe, "the cat sat", target="el gato")
     assert [v.name for v in views] == ["encoder self-attention", "decoder self-attention",
                                        "cross-attention"]
     enc, dec, cross = views
@@ -209,7 +209,7 @@ def test_encoder_attention_sees_both_ways(bpe, tmp_path):
                         n_embd=16)
     model = EncoderModel(cfg).eval()
     _save_family(tmp_path / "enc", "encoder", cfg, model, bpe)
-    (view,) = attention_views(model, bpe, "encoder", "the cat sat")
+    (view,) = FAMILIES["encoder"].attention_views(model, bpe, "the cat sat")
     assert view.weights.shape[:2] == (2, 2)
     assert view.weights[0, 0].triu(1).sum() > 0.1  # looks at later tokens too: no causal mask
     assert view.query_labels[1].startswith("\u2423")  # "▁cat": the word-initial space shows

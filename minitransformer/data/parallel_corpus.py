@@ -34,9 +34,13 @@ class ParallelDataConfig:
     """How a parallel corpus becomes training batches (the seq2seq presets set these too)."""
 
     src: str | None = None  # source column: header name or index (default en, or column 0)
+    """source: TSV column name or 0-based index (default en, or column 0)"""
     tgt: str | None = None  # target column (default es, or column 1)
-    batch_tokens: int = 4096  # about this many source (and target) tokens per batch, pads in
-    train_max_len: int = 128  # drop training pairs with a side longer than this (in tokens)
+    """target: TSV column name or 0-based index (default es, or column 1)"""
+    batch_tokens: int = 4096
+    """about this many source (and target) tokens per batch, padding included"""
+    train_max_len: int = 128
+    """drop training pairs with a side longer than this many tokens"""
 
     def __post_init__(self):
         for name in ("batch_tokens", "train_max_len"):

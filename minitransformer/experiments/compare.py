@@ -10,7 +10,7 @@
     results    final and best val loss, tokens/s, parameters, and the val loss at each
                --eval-lengths window (the best model), in results.md / results.csv / .json
 
-The family (``families.py``) supplies the corpus, the model and the task; nothing here knows
+The family (``families/``) supplies the corpus, the model and the task; nothing here knows
 what a GPT is.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import itertools
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,13 +26,15 @@ from pathlib import Path
 
 import torch
 
-from ..config import TrainConfig, closest, config_from_dict, field_names
+from ..config import TrainConfig, config_from_dict
 from ..errors import UserError
+from ..families.base import CannotEvaluate, Prepared
 from ..io import atomic_write_json
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
 from ..training.health import HealthGuard
-from .families import CannotEvaluate, Prepared
+from ..training.trainer import train
+from .runs import split_for
 from .seeding import reseed_parameters
 
 
@@ -98,21 +99,6 @@ def _slug(value) -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in text)
 
 
-def split_train_fields(fields: dict, family) -> tuple[dict, dict]:
-    """(model fields, training fields); a field of neither config is an error."""
-    train_names, model_names = set(field_names(TrainConfig)), set(family.field_names())
-    model, train = {}, {}
-    for key, value in fields.items():
-        if key in train_names:
-            train[key] = value
-        elif key in model_names:
-            model[key] = value
-        else:
-            raise UserError(f"{key} is not a {family.name} or training setting"
-                            f"{closest(key, train_names | model_names)}")
-    return model, train
-
-
 def check_out_dir(out_dir: Path, variants: list[Variant], force: bool) -> None:
     taken = [v.name for v in variants
              if (out_dir / v.name / ckpt.CONFIG_FILE).exists()
@@ -136,14 +122,12 @@ def run_compare(family, prepared: Prepared, base: dict, variants: list[Variant],
                 progress: bool = True, echo=print) -> list[VariantResult]:
     """Train every variant into ``out_dir/<variant>``; return their results (also written as
     results.md, results.csv, results.json and compare.png in ``out_dir``)."""
-    from ..training.trainer import train
-
     out_dir = Path(out_dir)
     check_out_dir(out_dir, variants, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i, variant in enumerate(variants, 1):
-        model_fields, train_fields = split_train_fields({**base, **variant.fields}, family)
+        model_fields, train_fields = split_for(family, {**base, **variant.fields})
         train_cfg = config_from_dict(TrainConfig, train_fields)
         torch.manual_seed(train_cfg.seed)
         built = family.build(prepared, model_fields, train_cfg.seed)
@@ -201,8 +185,3 @@ def write_results(results: list[VariantResult], out_dir, settings: dict) -> list
     plot_comparison(results, out_dir, png, block_size=settings.get("block_size"),
                     x_axis="time" if settings.get("time_budget") else "step")
     return [out_dir / "results.md", out_dir / "results.csv", out_dir / "results.json", png]
-
-
-def load_results(out_dir) -> dict:
-    with open(Path(out_dir) / "results.json", encoding="utf-8") as f:
-        return json.load(f)

@@ -109,8 +109,4 @@ class GPT(nn.Module):
                                               top_p, seed, use_cache)
 
 
-def perplexity(loss: float) -> float:
-    return math.exp(loss)
-
-
-__all__ = ["GPT", "Internals", "perplexity"]
+__all__ = ["GPT", "Internals"]

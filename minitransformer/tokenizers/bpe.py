@@ -20,7 +20,6 @@ Use::
     tok.pad_id, tok.bos_id, tok.eos_id                     # 0, 1, 2
     BPETokenizer.from_dict(tok.to_dict())                 # what tokenizer.json holds
     BPETokenizer.from_file("tokenizer.json")              # any Hugging Face tokenizer file
-    BPETokenizer.from_gpt2_files("vocab.json", "merges.txt")
 """
 
 from __future__ import annotations
@@ -82,19 +81,6 @@ class BPETokenizer:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exceptions
             raise UserError(f"cannot read the tokenizer {path}: {e}") from None
-
-    @classmethod
-    def from_gpt2_files(cls, vocab_json, merges_txt,
-                        special_tokens: Iterable[str] = ("<|endoftext|>",)) -> BPETokenizer:
-        """GPT-2's original ``vocab.json`` + ``merges.txt`` as a byte-level BPE tokenizer."""
-        try:
-            tok = Tokenizer(models.BPE.from_file(str(vocab_json), str(merges_txt)))
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"cannot read {vocab_json} / {merges_txt}: {e}") from None
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens([t for t in special_tokens if tok.token_to_id(t) is not None])
-        return cls(tok)
 
     # ---- using ------------------------------------------------------------------------------
 

@@ -25,9 +25,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..config import config_from_dict
-from ..errors import ConfigError, UserError
-from ..io import atomic_write, atomic_write_json, fsync_dir, load_weights
+from ..errors import UserError
+from ..io import atomic_write, atomic_write_json, fsync_dir, load_weights  # noqa: F401
 from ..tokenizers import tokenizer_from_dict
 
 MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE = "model.safetensors", "config.json", "tokenizer.json"
@@ -171,35 +170,11 @@ def read_meta(folder: Path) -> dict:
     return meta
 
 
-def build_model(meta: dict):
-    from ..models import FAMILIES
-
-    family = meta.get("family")
-    if family not in FAMILIES:
-        raise UserError(f"unknown model family {family!r} in config.json")
-    config_cls, model_cls = FAMILIES[family]
+def read_tokenizer(folder: Path):
+    """The tokenizer.json of a run or checkpoint folder; a damaged one is a user error."""
+    path = Path(folder) / TOKENIZER_FILE
     try:
-        config = config_from_dict(config_cls, meta["model"])
-    except ConfigError as e:
-        raise UserError(f"config.json: {e}") from None
-    return model_cls(config)
-
-
-def load_checkpoint(path, which: str = "best", device: str | torch.device = "cpu"):
-    """Load a run folder (or a checkpoint folder): returns (model, tokenizer)."""
-    model, tokenizer, _ = load_checkpoint_with_meta(path, which, device)
-    return model, tokenizer
-
-
-def load_checkpoint_with_meta(path, which: str = "best", device="cpu"):
-    folder = resolve_model_dir(path, which)
-    meta = read_meta(folder)
-    model = build_model(meta)
-    load_weights(model, folder / MODEL_FILE)
-    try:
-        with open(folder / TOKENIZER_FILE, encoding="utf-8") as f:
-            tokenizer = tokenizer_from_dict(json.load(f))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"cannot read {folder / TOKENIZER_FILE}: {e}") from None
-    model.to(device).eval()
-    return model, tokenizer, meta
+        with open(path, encoding="utf-8") as f:
+            return tokenizer_from_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None

@@ -1,7 +1,7 @@
 """``explain``: a checkpoint's forward pass on one text as an offline HTML walkthrough.
 
-The model family picks the tracer and the page builder (``EXPLAINERS``); a decoder-only GPT
-gets the eight steps of ``walkthrough.py``.
+A decoder-only GPT gets the eight steps of ``walkthrough.py``; the GPT family
+(``families/gpt.py``) calls ``explain_gpt`` for ``minitransformer explain``.
 """
 
 from __future__ import annotations
@@ -32,22 +32,3 @@ def explain_gpt(model, tokenizer, text: str, layer: int = 0, head: int = 0,
                         f"{limit}: shorten it")
     trace = trace_gpt(model, tokenizer, text)
     return walkthrough_doc(trace, tokenizer, c, layer, head, top_k, source)
-
-
-EXPLAINERS = {"gpt": explain_gpt}
-
-
-def build_explain_doc(folder, text: str, layer: int = 0, head: int = 0, top_k: int = 10,
-                      which: str = "best") -> dict:
-    """Load a checkpoint and describe its forward pass on ``text``."""
-    from ..training import checkpoint as ckpt
-
-    model, tokenizer, meta = ckpt.load_checkpoint_with_meta(folder, which, "cpu")
-    family = meta.get("family")
-    explainer = EXPLAINERS.get(family)
-    if explainer is None:
-        raise UserError(f"the walkthrough covers {', '.join(EXPLAINERS)} models; this "
-                        f"checkpoint is {family!r} (its attention maps: minitransformer "
-                        f"attention)")
-    source = meta.get("data", {}).get("source") or str(folder)
-    return explainer(model, tokenizer, text, layer, head, top_k, f"trained on {source}")

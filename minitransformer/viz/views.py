@@ -1,10 +1,9 @@
 """The attention maps of a checkpoint on one text, per model family.
 
-A model family maps to one small function that runs the model with ``return_internals=True``
-and returns its ``AttentionView``s: a decoder-only GPT has one (masked self-attention), so
-has an encoder (bidirectional self-attention); an encoder-decoder has three (encoder
-self-attention, decoder self-attention, cross-attention). Adding a family means adding one
-entry to ``VIEW_BUILDERS``.
+Each function runs a model with ``return_internals=True`` and returns its
+``AttentionView``s: a decoder-only GPT has one (masked self-attention), so has an encoder
+(bidirectional self-attention); an encoder-decoder has three (encoder self-attention,
+decoder self-attention, cross-attention). Each family's ``attention_views`` picks one.
 
 Shapes: L layers, nh heads, Tq query tokens, Tk key tokens.
 """
@@ -55,9 +54,6 @@ def self_attention_views(model, tokenizer, text: str, target: str | None = None)
     return [AttentionView("self-attention", _stack(internals.attentions), labels, labels)]
 
 
-gpt_views = encoder_views = self_attention_views
-
-
 @torch.no_grad()
 def seq2seq_views(model, tokenizer, text: str, target: str | None = None):
     """Encoder self-, decoder self- and decoder-to-encoder cross-attention.
@@ -85,16 +81,3 @@ def seq2seq_views(model, tokenizer, text: str, target: str | None = None):
                           tgt_labels),
             AttentionView("cross-attention", _stack(dec.cross_attentions), tgt_labels,
                           src_labels)]
-
-
-VIEW_BUILDERS = {"gpt": gpt_views, "encoder": encoder_views, "seq2seq": seq2seq_views}
-
-
-def attention_views(model, tokenizer, family: str, text: str,
-                    target: str | None = None) -> list[AttentionView]:
-    """The attention views of a model of the given family on ``text``."""
-    builder = VIEW_BUILDERS.get(family)
-    if builder is None:
-        raise UserError(f"attention maps are not available for model family {family!r} "
-                        f"(known: {', '.join(VIEW_BUILDERS)})")
-    return builder(model, tokenizer, text, target)

@@ -1,4 +1,4 @@
-"""The ``compare`` subcommand, and train's ``--early_stop``.
+"""``minitransformer compare``: train variants side by side (experiments/compare.py).
 
     minitransformer compare --data shakespeare --vary pos_encoding=sinusoidal,learned,rope,alibi \\
         --preset cpu-small --time-budget 45s --eval-lengths 64,128,256,512 --out runs/pos
@@ -12,28 +12,19 @@ import typing
 from pathlib import Path
 from typing import Literal, get_args
 
-from ..config import (
-    GPTConfig,
-    TrainConfig,
-    closest,
-    field_names,
-    get_preset,
-    parse_duration,
-    split_fields,
-)
-from ..errors import ConfigError, UserError
-
-DEFAULT_PRESET = "cpu-small"
+from ..config import TrainConfig, closest, parse_duration
+from ..errors import UserError
+from ..experiments.autosize import autosize_for_train
+from ..experiments.compare import parse_vary, run_compare, write_results
+from ..experiments.report import markdown_table
+from ..experiments.runs import split_for
+from ..families import FAMILIES, get_family
+from ..tokenizers import TOKENIZERS
+from .flags import add_config_flags, config_values, parse_bool
+from .train import CONFIG_GROUPS, add_early_stop
 
 
-def add_parsers(sub) -> None:
-    """Add ``compare``; give ``train`` its ``--early_stop`` flag."""
-    from ..cli import add_config_flags
-
-    train = sub.choices.get("train")
-    if train is not None:
-        _add_early_stop(train)
-
+def add_parser(sub) -> None:
     c = sub.add_parser(
         "compare", help="train variants side by side: loss curves, table, extrapolation",
         usage="minitransformer compare --data CORPUS --vary FIELD=a,b,... --out DIR "
@@ -49,53 +40,35 @@ def add_parsers(sub) -> None:
     c.add_argument("--out", required=True, help="folder for the runs and the results")
     c.add_argument("--vary", action="append", required=True, metavar="FIELD=a,b,...",
                    help="a setting and its values; repeat for a grid (their product)")
-    c.add_argument("--model", default="gpt", choices=["gpt", "seq2seq"], help="model family")
+    c.add_argument("--model", default="gpt", choices=list(FAMILIES),
+                   help="model family (default gpt)")
     c.add_argument("--preset", default=None,
-                   help=f"named settings for every variant (default {DEFAULT_PRESET}; with "
-                        f"--time-budget and no preset the model is sized to the budget)")
+                   help="named settings for every variant (default cpu-small; with "
+                        "--time-budget and no preset the model is sized to the budget)")
     c.add_argument("--eval-lengths", "--eval_lengths", default=None, metavar="N,N,...",
                    help="also evaluate each best model on windows of these lengths "
                         "(beyond the training context: length extrapolation)")
-    c.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
+    c.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                    help="char (default) or byte-level BPE with --vocab_size entries")
     c.add_argument("--encoding", default="utf-8", help="text encoding of the corpus")
     c.add_argument("--force", action="store_true", help="replace runs already in --out")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_early_stop(c)
-    add_config_flags(c, GPTConfig, "model (GPTConfig)")
-    add_config_flags(c, TrainConfig, "training (TrainConfig)")
-    _add_seq2seq_fields(c)
+    add_early_stop(c)
+    add_config_flags(c, CONFIG_GROUPS)
     c.set_defaults(func=cmd_compare)
 
 
-def _add_seq2seq_fields(parser: argparse.ArgumentParser) -> None:
-    """The encoder-decoder's own fields (--label_smoothing, --batch_tokens, ...)."""
-    from ..config import Seq2SeqConfig
-    from ..data import ParallelDataConfig
-    from ..translate_cli import _add_fields
-
-    _add_fields(parser, Seq2SeqConfig, "encoder-decoder only (Seq2SeqConfig, --model seq2seq)")
-    _add_fields(parser, ParallelDataConfig, "sentence pairs (--model seq2seq)")
-
-
-def _add_early_stop(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--early_stop", "--early-stop", action="store_true",
-                        help="stop when val loss has risen while train loss fell for 3 "
-                             "evaluations in a row (the best model is kept either way)")
-
-
-def _convert(hints: dict):
+def _converter(hints: dict):
     """(field, text) -> a value of the field's type, for --vary."""
-    from ..cli import parse_bool
 
     def convert(name: str, text: str):
         if name not in hints:
             raise UserError(f"--vary {name}: no such setting{closest(name, hints)}")
         hint = hints[name]
         if typing.get_origin(hint) is Literal:
-            allowed = get_args(hint)
-            if text not in allowed:
-                raise UserError(f"--vary {name}: {text!r} is not one of {', '.join(allowed)}")
+            if text not in get_args(hint):
+                raise UserError(f"--vary {name}: {text!r} is not one of "
+                                f"{', '.join(get_args(hint))}")
             return text
         if name == "time_budget":
             return parse_duration(text)
@@ -103,9 +76,7 @@ def _convert(hints: dict):
         if text.lower() == "none" and type(None) in get_args(hint):
             return None
         try:
-            if kinds[0] is bool:
-                return parse_bool(text)
-            return kinds[0](text)
+            return parse_bool(text) if kinds[0] is bool else kinds[0](text)
         except (ValueError, argparse.ArgumentTypeError):
             raise UserError(f"--vary {name}: cannot read {text!r} as "
                             f"{kinds[0].__name__}") from None
@@ -126,58 +97,48 @@ def parse_lengths(text: str | None) -> list[int]:
     return lengths
 
 
-def cmd_compare(args) -> int:
-    from ..config import Seq2SeqConfig
-    from ..data import ParallelDataConfig
-    from .compare import parse_vary, run_compare, split_train_fields, write_results
-    from .families import get_family
+def _base_settings(family, args, given: dict):
+    """(settings shared by every variant, the corpus read once)."""
+    source = args.data or family.default_data
+    if family.can_autosize and args.preset is None and "time_budget" in given:
+        prepared = family.prepare(source, args.encoding, given, args.tokenizer)
+        model_over, train_over = split_for(family, given)
+        base = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),
+                                  prepared.tokenizer.vocab_size, model_over, train_over)
+        return base, prepared
+    base = family.preset(args.preset)
+    if "max_iters" in given and "time_budget" not in given:
+        base.pop("time_budget", None)  # --max-iters N: a run of N steps, not of a time
+    prepared = family.prepare(source, args.encoding, split_for(family, {**base, **given})[0],
+                              args.tokenizer)
+    return base, prepared
 
-    family = get_family(args.model, args.tokenizer)
-    classes = (GPTConfig, Seq2SeqConfig, ParallelDataConfig, TrainConfig)
+
+def cmd_compare(args) -> int:
+    family = get_family(args.model)
+    classes = [cls for cls, _ in CONFIG_GROUPS]
+    given = config_values(args, classes)
+    split_for(family, given)  # another family's setting is an error
     hints = {k: v for cls in classes for k, v in typing.get_type_hints(cls).items()}
-    known = set(family.field_names()) | set(field_names(TrainConfig))
-    given = {k: v for k, v in vars(args).items() if k in hints}
-    foreign = sorted(set(given) - known)
-    if foreign:
-        raise UserError(f"--{foreign[0]} is not a {family.name} setting (--model "
-                        f"{'gpt' if family.name != 'gpt' else 'seq2seq'} has it)")
-    variants = parse_vary(args.vary, _convert(hints))
+    own = set(family.field_names()) | set(TrainConfig.__dataclass_fields__)
+    variants = parse_vary(args.vary, _converter({k: hints[k] for k in own}))
     clash = set(variants[0].fields) & set(given)
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
     lengths = parse_lengths(args.eval_lengths)
-    echo = print  # --quiet only hides the progress bars, as for train
-
-    source = args.data or family.default_data
-    if args.preset is None and "time_budget" in given and family.name == "gpt":
-        from .autosize import autosize_for_train
-
-        prepared = family.prepare(source, args.encoding, given)
-        model_over, train_over = split_fields(given, GPTConfig, TrainConfig)
-        base = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),
-                                  prepared.tokenizer.vocab_size, model_over, train_over, echo)
-    else:
-        try:
-            base = get_preset(family.name, args.preset or DEFAULT_PRESET)
-        except ConfigError as e:
-            raise UserError(str(e)) from None
-        if "max_iters" in given and "time_budget" not in given:
-            base.pop("time_budget", None)  # --max-iters N: a run of N steps, not of a time
-        prepared = family.prepare(source, args.encoding,
-                                  split_train_fields({**base, **given}, family)[0])
+    base, prepared = _base_settings(family, args, given)
     base.update(given)
-    echo(f"corpus {source}: {prepared.summary}; {len(variants)} variants into {args.out}")
+    print(f"corpus {prepared.source}: {prepared.summary}; {len(variants)} variants into "
+          f"{args.out}")
     results = run_compare(family, prepared, base, variants, Path(args.out), lengths,
                           args.early_stop, args.force,
-                          progress=not args.quiet and sys.stderr.isatty() or None, echo=echo)
+                          progress=not args.quiet and sys.stderr.isatty() or None)
     varied = set(variants[0].fields)
-    settings = {"data": source, "model": family.name, "vary": args.vary,
+    settings = {"data": prepared.source, "model": family.name, "vary": args.vary,
                 "eval_lengths": lengths, "preset": args.preset, "base": base,
                 "block_size": None if "block_size" in varied else base.get("block_size"),
                 "time_budget": None if "time_budget" in varied else base.get("time_budget")}
     paths = write_results(results, Path(args.out), settings)
-    from .report import markdown_table
-
     print(markdown_table(results))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

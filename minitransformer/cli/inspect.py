@@ -1,21 +1,20 @@
-"""The ``attention`` and ``explain`` subcommands (parsers and handlers)."""
+"""Looking inside a model: ``attention`` (heatmaps as PNG) and ``explain`` (an HTML page).
+
+    minitransformer attention runs/shakespeare --text "ROMEO: But soft" --out attn.png
+    minitransformer explain runs/shakespeare --text "ROMEO:" --out walkthrough.html
+    minitransformer explain --worked-example --out worked.html
+"""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..errors import UserError
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+from ..families import load_run
+from ..viz.heatmap import save_attention_png
+from ..viz.page import write_page
+from ..viz.worked import worked_example_doc
+from .flags import add_run_dir, add_which, nonneg_int
 
 
 def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
@@ -26,13 +25,9 @@ def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
 
 
 def cmd_attention(args) -> int:
-    from ..training import checkpoint as ckpt
-    from .heatmap import save_attention_png
-    from .views import attention_views
-
     out = _check_suffix(args.out, ".png")
-    model, tokenizer, meta = ckpt.load_checkpoint_with_meta(args.dir, args.which, "cpu")
-    views = attention_views(model, tokenizer, meta.get("family"), args.text, args.target)
+    run = load_run(args.dir, args.which, "cpu")
+    views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
     save_attention_png(views, out, args.layer, args.head, title=args.title)
     shape = ", ".join(f"{v.name}: {v.n_layer} layers x {v.n_head} heads" for v in views)
     print(f"wrote {out} ({shape})")
@@ -40,14 +35,10 @@ def cmd_attention(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .page import write_page
-
     out = _check_suffix(args.out, ".html")
     if args.worked_example:
         if args.dir or args.text is not None:
             raise UserError("--worked-example takes no checkpoint folder or --text")
-        from .worked import worked_example_doc
-
         write_page(worked_example_doc(), out)
         print(f"wrote {out} (the worked example)")
         return 0
@@ -55,32 +46,33 @@ def cmd_explain(args) -> int:
         raise UserError("give a checkpoint folder (or --worked-example)")
     if args.text is None:
         raise UserError("give the text to walk through with --text")
-    from .explain import build_explain_doc
-
-    doc = build_explain_doc(args.dir, args.text, args.layer, args.head, args.top_k,
-                            args.which)
+    run = load_run(args.dir, args.which, "cpu")
+    run.family.require("explain")
+    source = run.meta.get("data", {}).get("source") or str(args.dir)
+    doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer, args.head,
+                             args.top_k, f"trained on {source}")
     write_page(doc, out)
     print(f"wrote {out} ({len(doc['steps'])} steps, {doc['n_layer']} layers x "
           f"{doc['n_head']} heads); open it in a browser, no network needed")
     return 0
 
 
-def add_parsers(sub) -> None:
-    """Add ``attention`` and ``explain`` to the CLI's subparsers."""
+def add_attention(sub) -> None:
     a = sub.add_parser("attention", help="attention heatmaps of a checkpoint on a text (PNG)",
                        description="Draw the attention weights of every layer and head "
                        "(a grid: one row per layer, one column per head) for TEXT.")
-    a.add_argument("dir", help="run folder (or checkpoint folder)")
+    add_run_dir(a)
     a.add_argument("--text", required=True, help="the text to run through the model")
     a.add_argument("--target", default=None,
                    help="encoder-decoder models: the decoder's text (e.g. the translation)")
     a.add_argument("--out", required=True, help="PNG file to write")
-    a.add_argument("--layer", type=_nonneg_int, default=None, help="only this layer")
-    a.add_argument("--head", type=_nonneg_int, default=None, help="only this head")
+    a.add_argument("--layer", type=nonneg_int, default=None, help="only this layer")
+    a.add_argument("--head", type=nonneg_int, default=None, help="only this head")
     a.add_argument("--title", default=None, help="a title above the grid")
-    a.add_argument("--which", choices=["best", "last"], default="best")
     a.set_defaults(func=cmd_attention)
 
+
+def add_explain(sub) -> None:
     e = sub.add_parser("explain", help="an offline HTML walkthrough of the forward pass",
                        description="Write one self-contained HTML page that walks through "
                        "the model's real forward pass on TEXT in 8 steps, or the worked "
@@ -90,10 +82,9 @@ def add_parsers(sub) -> None:
     e.add_argument("--out", required=True, help="HTML file to write")
     e.add_argument("--worked-example", "--worked_example", action="store_true",
                    help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
-    e.add_argument("--layer", type=_nonneg_int, default=0, help="layer shown first")
-    e.add_argument("--head", type=_nonneg_int, default=0, help="head shown first")
-    e.add_argument("--top-k", "--top_k", type=_nonneg_int, default=10,
-                   help="how many next-token probabilities to list")
-    e.add_argument("--which", choices=["best", "last"], default="best")
+    e.add_argument("--layer", type=nonneg_int, default=0, help="layer shown first (default 0)")
+    e.add_argument("--head", type=nonneg_int, default=0, help="head shown first (default 0)")
+    e.add_argument("--top-k", "--top_k", type=nonneg_int, default=10,
+                   help="how many next-token probabilities to list (default 10)")
+    add_which(e)
     e.set_defaults(func=cmd_explain)
-

@@ -1,0 +1,69 @@
+"""The ``minitransformer`` command line: one table of commands, one module per group.
+
+Exit codes: 0 success, 2 a user error (one line on stderr), 1 an internal error (one line,
+the traceback with --debug), 130 interrupted. Nothing in the package imports this module.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import UserError
+from . import compare, evaluate, generate, hf, inspect, train
+from .flags import Parser
+
+# command -> the function that adds its parser (each parser names its handler as ``func``)
+COMMANDS = {
+    "train": train.add_parser,
+    "sample": generate.add_sample,
+    "translate": generate.add_translate,
+    "evaluate": evaluate.add_parser,
+    "attention": inspect.add_attention,
+    "explain": inspect.add_explain,
+    "compare": compare.add_parser,
+    "embed": hf.add_embed,
+    "export": hf.add_export,
+}
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="minitransformer",
+                    description="The Transformer of 'Attention Is All You Need', from scratch.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for add in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed usage + error (code 2) or help (code 0)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return args.func(args) or 0
+    except UserError as e:
+        print(f"minitransformer: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("minitransformer: error: out of memory: the model or batch is too large for "
+              "this machine; try smaller sizes", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("minitransformer: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
+        if args.debug:
+            raise
+        print(f"minitransformer: internal error: {type(e).__name__}: {e}\n"
+              f"(this is a bug; rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]

@@ -1,0 +1,53 @@
+"""``minitransformer evaluate DIR``: the family's measures of a run (or checkpoint) folder.
+
+GPT: val loss, perplexity, bits per token; encoder: masked-LM loss and accuracy; seq2seq: val
+loss, then BLEU greedy and with beam search. The val loss is the trainer's own measure, on
+the same batches and in the same precision, so it matches the figure training printed.
+"""
+
+from __future__ import annotations
+
+from ..families import load_run
+from ..families.base import NotApplicable
+from ..training.device import pick_device
+from .flags import add_decoding_flags, add_device, add_run_dir, positive_int
+
+OPTIONS = ("data", "encoding", "eval_iters", "batch_size", "seed", "split", "limit",
+           "examples", "beam", "length_penalty", "max_len")
+
+
+def add_parser(sub) -> None:
+    e = sub.add_parser("evaluate", help="val loss and the family's measures (BLEU for seq2seq)")
+    add_run_dir(e)
+    e.add_argument("--data", default=None, help="corpus (default: the one it was trained on)")
+    e.add_argument("--encoding", default=None,
+                   help="text encoding of --data (default: the run's)")
+    e.add_argument("--eval-iters", "--eval_iters", type=positive_int, default=None,
+                   help="batches averaged for the val loss (default: the run's eval_iters)")
+    e.add_argument("--batch-size", "--batch_size", type=positive_int, default=None,
+                   help="batch size of the val loss (default: the run's batch_size)")
+    e.add_argument("--seed", type=int, default=None,
+                   help="seed of the val batches (default 0, as in training)")
+    add_decoding_flags(e)
+    g = e.add_argument_group("BLEU (encoder-decoder runs)")
+    g.add_argument("--split", choices=["test", "valid", "train"], default=None,
+                   help="the split to score with BLEU (default test)")
+    g.add_argument("--limit", type=positive_int, default=None,
+                   help="score only the first N pairs of the split")
+    g.add_argument("--examples", type=int, default=None,
+                   help="print this many example translations (default 3)")
+    add_device(e)
+    e.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args) -> int:
+    options = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
+    device = pick_device(args.device)
+    run = load_run(args.dir, args.which, device)
+    foreign = sorted(set(options) - run.family.evaluate_options)
+    if foreign:
+        raise NotApplicable(f"--{foreign[0].replace('_', '-')} does not apply to evaluating "
+                            f"{run.family.title} runs")
+    for line in run.family.evaluate(run.model, run.tokenizer, run.meta, options, device):
+        print(line)
+    return 0

@@ -1,0 +1,79 @@
+"""``minitransformer train``: one command for every model family.
+
+    minitransformer train --data shakespeare --out runs/shakespeare           (GPT, cpu-small)
+    minitransformer train --model encoder --data shakespeare --out runs/mlm   (masked LM)
+    minitransformer train --data bible_en_es --out runs/en-es                 (seq2seq: a .tsv)
+    minitransformer train --out runs/shakespeare --resume --max_iters 5000
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..experiments.runs import TrainRequest, train_run
+from ..families import FAMILIES
+from ..tokenizers import TOKENIZERS
+from .flags import add_config_flags, config_values
+
+
+def _config_groups() -> list[tuple[type, str]]:
+    """Every family's config classes, then TrainConfig: the flag groups of train and compare
+    (a field shared by several classes is listed under the first)."""
+    groups = []
+    for family in FAMILIES.values():
+        for cls in (family.config_class, *family.data_classes):
+            where = "most shared by every family" if not groups else f"--model {family.name}"
+            groups.append((cls, f"{family.title} ({cls.__name__}; {where})"))
+    return groups + [(TrainConfig, "training (TrainConfig)")]
+
+
+CONFIG_GROUPS = _config_groups()
+
+
+def add_early_stop(parser) -> None:
+    parser.add_argument("--early_stop", "--early-stop", action="store_true",
+                        help="stop when val loss has risen while train loss fell for 3 "
+                             "evaluations in a row (the best model is kept either way)")
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser(
+        "train", help="train a model on a corpus (any family), or resume a run",
+        usage="minitransformer train --data CORPUS --out DIR [--preset NAME] "
+              "[--model gpt|encoder|seq2seq] [--resume] [--FIELD VALUE ...]",
+        description="Train a model. Any config field is a flag: --n_layer 4 ...")
+    t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings, "
+                   "bible_en_es) or a path (default shakespeare; bible_en_es for seq2seq; on "
+                   "--resume, the run's own corpus)")
+    t.add_argument("--data-tgt", "--data_tgt", default=None, metavar="FILE",
+                   help="seq2seq from two aligned files: --data has the source sentences, "
+                        "--data-tgt the target sentences, one per line")
+    t.add_argument("--out", required=True, help="run folder to write")
+    t.add_argument("--model", default=None, choices=list(FAMILIES),
+                   help="model family (default gpt; sentence pairs imply seq2seq; on "
+                        "--resume, the run's own)")
+    t.add_argument("--preset", default=None,
+                   help="named settings; default cpu-small. " + "; ".join(
+                       f"{name}: {', '.join(f.presets)}" for name, f in FAMILIES.items()))
+    t.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                   help="char: one id per character (default); bpe: byte-level BPE trained "
+                        "on the corpus, --vocab-size entries (default 1024; seq2seq always "
+                        "uses a joint BPE)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--force", action="store_true", help="replace a run already in --out")
+    t.add_argument("--encoding", default=None, help="text encoding of the corpus (utf-8)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_early_stop(t)
+    add_config_flags(t, CONFIG_GROUPS)
+    t.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    classes = [cls for cls, _ in CONFIG_GROUPS]
+    request = TrainRequest(
+        out=Path(args.out), model=args.model, data=args.data, data_tgt=args.data_tgt,
+        encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
+        fields=config_values(args, classes), resume=args.resume, force=args.force,
+        quiet=args.quiet, early_stop=args.early_stop)
+    return train_run(request)

@@ -1,0 +1,152 @@
+"""One training run for any family: new or resumed, from a request to a run folder.
+
+    new run   settings = preset + the fields given; read the corpus, fit the tokenizer (the
+              family's ``prepare``), size the model to a time budget where the family can,
+              build model and task, print the family's summary, train
+    resume    the newest checkpoint names its family, model, data and tokenizer; the same
+              fields may be repeated, a different model or data field is an error, training
+              fields given (e.g. a larger --max_iters) override the saved ones
+
+Nothing here knows a family by name: everything family-specific is a method of ``Family``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import TrainConfig, config_from_dict, field_names
+from ..errors import ConfigError, UserError
+from ..families import FAMILIES, Family, choose_family, family_of
+from ..families.base import train_config
+from ..training import checkpoint as ckpt
+from ..training.health import HealthGuard
+from ..training.trainer import train
+from .autosize import autosize_for_train
+
+
+@dataclass
+class TrainRequest:
+    """What ``train`` was asked for (the CLI fills it from its flags)."""
+
+    out: Path
+    model: str | None = None  # family name; None = what the data implies (or the resumed run)
+    data: str | None = None
+    data_tgt: str | None = None
+    encoding: str | None = None
+    preset: str | None = None
+    tokenizer: str | None = None
+    fields: dict = field(default_factory=dict)  # config fields given, of any config class
+    resume: bool = False
+    force: bool = False
+    quiet: bool = False
+    early_stop: bool = False
+
+
+def split_for(family: Family, fields: dict) -> tuple[dict, dict]:
+    """(model and data fields, training fields); a field of another family is an error."""
+    train_names = set(field_names(TrainConfig))
+    own = set(family.field_names())
+    model, train_fields = {}, {}
+    for key, value in fields.items():
+        if key in train_names:
+            train_fields[key] = value
+        elif key in own:
+            model[key] = value
+        else:
+            owners = [f.name for f in FAMILIES.values() if key in f.field_names()]
+            where = f" (it belongs to --model {' / '.join(owners)})" if owners else ""
+            raise UserError(f"--{key} is not a setting of {family.title} runs{where}")
+    return model, train_fields
+
+
+def _train_config(fields: dict) -> TrainConfig:
+    try:
+        return config_from_dict(TrainConfig, fields)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+
+
+def new_run(req: TrainRequest, echo=print):
+    """(family, prepared, built, train_cfg) for a run from scratch."""
+    family = choose_family(req.model, req.data, req.data_tgt)
+    split_for(family, req.fields)  # a foreign flag fails before the preset is read
+    if req.tokenizer is not None and req.tokenizer not in family.tokenizers:
+        raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
+                        f"(they use {' or '.join(family.tokenizers)})")
+    base = family.preset(req.preset)
+    model_f, train_f = split_for(family, {**base, **req.fields})
+    train_cfg = _train_config(train_f)
+    prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
+                              model_f, req.tokenizer, req.data_tgt)
+    sized = family.can_autosize and req.preset is None and "time_budget" in req.fields
+    if sized:
+        given_model, given_train = split_for(family, req.fields)
+        sized = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),
+                                   prepared.tokenizer.vocab_size, given_model, given_train,
+                                   echo=echo)
+        model_f, train_f = split_for(family, {**sized, **req.fields})
+        train_cfg = _train_config(train_f)
+    torch.manual_seed(train_cfg.seed)
+    built = family.build(prepared, model_f, train_cfg.seed)
+    built.meta["preset"] = req.preset or ("autosize" if sized else family.default_preset)
+    return family, prepared, built, train_cfg
+
+
+def resumed_run(req: TrainRequest):
+    """(family, prepared, built, train_cfg) for ``--resume`` from the newest checkpoint."""
+    found = ckpt.list_checkpoints(req.out)
+    if not found:
+        raise UserError(f"nothing to resume in {req.out}: it has no checkpoints/ folder")
+    meta = ckpt.read_meta(found[-1])
+    family = family_of(meta)
+    if req.preset is not None and meta.get("preset", req.preset) != req.preset:
+        raise UserError(f"--resume keeps the run's settings; it was trained with --preset "
+                        f"{meta['preset']}, not {req.preset}")
+    if req.model is not None and req.model != family.name:
+        raise UserError(f"{req.out} holds a {family.name} run, not a {req.model} run")
+    if req.tokenizer is not None and req.tokenizer != meta.get("data", {}).get("tokenizer"):
+        raise UserError("--resume keeps the run's tokenizer; drop --tokenizer")
+    saved = family.saved_fields(meta)
+    model_f, train_f = split_for(family, req.fields)
+    changed = sorted(k for k, v in model_f.items() if saved.get(k) != v)
+    if changed:
+        raise UserError(f"--resume keeps the run's model and data; {', '.join(changed)} "
+                        f"differ(s) from the checkpoint")
+    data = meta.get("data", {})
+    source = req.data or data.get("source")
+    if not source:
+        raise UserError(f"{found[-1]}/config.json does not name its corpus; pass --data")
+    tokenizer = ckpt.read_tokenizer(found[-1])
+    prepared = family.reopen(meta, tokenizer, source,
+                             req.encoding or data.get("encoding", "utf-8"), req.data_tgt)
+    train_cfg = train_config(meta, train_f)
+    try:
+        built = family.build(prepared, saved, train_cfg.seed)
+    except (KeyError, TypeError) as e:
+        raise UserError(f"{found[-1]}/config.json is damaged ({e}); cannot resume") from None
+    return family, prepared, built, train_cfg
+
+
+def train_run(req: TrainRequest, echo=print) -> int:
+    """Train (or resume) the run ``req`` asks for; returns the exit code."""
+    out = Path(req.out)
+    family, prepared, built, train_cfg = resumed_run(req) if req.resume else new_run(req, echo)
+    if not req.quiet:
+        for line in family.describe(prepared, built, train_cfg):
+            echo(line)
+        echo(f"run folder {out}")
+    result = train(built.model, prepared.tokenizer, built.task, train_cfg, out, built.meta,
+                   resume=req.resume, force=req.force,
+                   progress=not req.quiet and sys.stderr.isatty() or None,
+                   health=HealthGuard(early_stop=req.early_stop))
+    if result.interrupted:
+        return 130
+    echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "
+         f"val loss {result.val_loss:.4f} (best {result.best_val_loss:.4f})")
+    for line in family.finish(out, result, built, train_cfg):
+        echo(line)
+    return 0

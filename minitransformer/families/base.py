@@ -1,0 +1,207 @@
+"""What a model family plugs in: the one interface every command uses.
+
+A family is one module (``gpt.py``, ``encoder.py``, ``seq2seq.py``) holding one object with
+
+    name, title, config_class, model_class    e.g. "gpt", "GPT", GPTConfig, GPT
+    data_classes                               extra config dataclasses (sentence pairs: batching)
+    presets, default_data, tokenizers          its named settings, its corpus, --tokenizer choices
+    commands                                   what it can do beyond train / evaluate / attention
+    prepare(source, encoding, fields, kind)    read the corpus, fit the tokenizer -> Prepared
+    reopen(meta, tokenizer, source, encoding)  the same for a run being resumed or evaluated
+    build(prepared, fields, seed)              config, model, task, meta -> Built
+    describe(prepared, built, train_cfg)       the lines printed before training
+    finish(run_dir, result, built, train_cfg)  the lines printed after it
+    evaluate(model, tokenizer, meta, options)  the lines of ``evaluate`` (loss, accuracy, BLEU)
+    attention_views(model, tokenizer, text, target)
+    loss_at_length(model, prepared, length, device)
+
+``families/__init__.py`` registers each once; a run folder's ``config.json`` names its family,
+the one key every loader dispatches on. A command that does not apply to a family raises
+``NotApplicable`` (a user error, exit 2) through ``require``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import TrainConfig, config_from_dict, field_names
+from ..errors import ConfigError, UserError
+from ..presets import get_preset
+
+FORMAT = {"format": "minitransformer", "version": 1}  # the head of every config.json
+
+
+class NotApplicable(UserError):
+    """A command or flag that has no meaning for this model family."""
+
+
+class CannotEvaluate(Exception):
+    """A length a model cannot be evaluated at; ``str()`` says why, for the results table."""
+
+
+@dataclass
+class Prepared:
+    """A corpus read once (for a run, or for every variant of a comparison)."""
+
+    source: str
+    encoding: str
+    tokenizer: Any
+    data_meta: dict  # what config.json records under "data"
+    train_ids: torch.Tensor | None = None  # token streams (GPT, encoder)
+    val_ids: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)  # the family's own (e.g. sentence pairs)
+    summary: str = ""  # one line about the corpus, for the console
+
+    @property
+    def n_train_tokens(self) -> int:
+        return len(self.train_ids) if self.train_ids is not None else 0
+
+
+@dataclass
+class Built:
+    """One model ready for ``train()``."""
+
+    config: Any  # the family's model config
+    model: nn.Module
+    task: Any  # what the trainer calls (training/task.py)
+    meta: dict  # stored in every config.json of the run
+    init_depth: int  # the n_layer the init scheme scales residual projections by
+
+
+def run_meta(family: str, config, data_meta: dict) -> dict:
+    """The config.json of a run before training adds its own fields."""
+    return {**FORMAT, "family": family, "model": dataclasses.asdict(config), "data": data_meta}
+
+
+def train_config(meta: dict, overrides: dict | None = None) -> TrainConfig:
+    """The TrainConfig a run folder records (defaults where an old folder lacks it)."""
+    saved = meta.get("train", {})
+    if not isinstance(saved, dict):
+        raise UserError("config.json: its 'train' entry is not a mapping")
+    try:
+        return config_from_dict(TrainConfig, {**saved, **(overrides or {})})
+    except ConfigError as e:
+        raise UserError(f"config.json: {e}") from None
+
+
+class Family:
+    """Defaults shared by the families; each family module overrides what is its own."""
+
+    name = ""
+    title = ""  # how messages name it: "GPT", "encoder", "encoder-decoder"
+    config_class: type = object
+    model_class: type = nn.Module
+    data_classes: tuple[type, ...] = ()
+    presets: dict[str, dict] = {}
+    default_data = "shakespeare"
+    default_preset = "cpu-small"
+    tokenizers: tuple[str, ...] = ("char", "bpe")
+    commands: frozenset[str] = frozenset()  # beyond train, evaluate, attention, compare
+    redirects: dict[str, str] = {}  # command -> what to use instead, for the message
+    evaluate_options: frozenset[str] = frozenset()  # evaluate's flags this family reads
+    can_autosize = False  # --time-budget without --preset sizes the model
+
+    # -- settings ---------------------------------------------------------------------------
+    def field_names(self) -> list[str]:
+        """The config fields it accepts beside TrainConfig's."""
+        return [n for cls in (self.config_class, *self.data_classes) for n in field_names(cls)]
+
+    def preset(self, name: str | None) -> dict:
+        try:
+            return get_preset(self.presets, name or self.default_preset, self.name)
+        except ConfigError as e:
+            raise UserError(str(e)) from None
+
+    def claims(self, source: str | None, source_tgt: str | None) -> bool:
+        """Whether this data implies this family when --model is not given."""
+        return False
+
+    def saved_fields(self, meta: dict) -> dict:
+        """The flat config fields a run folder was built with."""
+        return dict(meta["model"])
+
+    def require(self, command: str) -> None:
+        """Raise NotApplicable unless ``command`` applies to this family."""
+        if command not in self.commands:
+            hint = self.redirects.get(command, "")
+            raise NotApplicable(f"{command} does not apply to {self.title} runs"
+                                + (f"; {hint}" if hint else ""))
+
+    def build_model(self, meta: dict) -> nn.Module:
+        """The model a config.json describes (random weights)."""
+        try:
+            config = config_from_dict(self.config_class, meta["model"])
+        except ConfigError as e:
+            raise UserError(f"config.json: {e}") from None
+        return self.model_class(config)
+
+    # -- what each family supplies ----------------------------------------------------------
+    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None) -> Prepared:
+        raise NotImplementedError
+
+    def reopen(self, meta: dict, tokenizer, source: str, encoding: str) -> Prepared:
+        raise NotImplementedError
+
+    def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
+        raise NotImplementedError
+
+    def describe(self, prepared: Prepared, built: Built, train_cfg: TrainConfig) -> list[str]:
+        return []
+
+    def finish(self, run_dir, result, built: Built, train_cfg: TrainConfig) -> list[str]:
+        return []
+
+    def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
+        raise NotImplementedError
+
+    def attention_views(self, model, tokenizer, text: str, target: str | None = None):
+        raise NotImplementedError
+
+    def translate(self, model, tokenizer, lines: list[str], options: dict,
+                  device) -> list[str]:
+        self.require("translate")
+        raise NotImplementedError
+
+    def explain(self, model, tokenizer, text: str, layer: int, head: int, top_k: int,
+                source: str) -> dict:
+        self.require("explain")
+        raise NotImplementedError
+
+    def loss_at_length(self, model, prepared: Prepared, length: int, device,
+                       n_tokens: int = 16384, seed: int = 0) -> float:
+        raise CannotEvaluate("not defined for this model family")
+
+
+def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: TrainConfig,
+                  batches: str) -> list[str]:
+    """What ``train`` prints first: the corpus, the model, the budget."""
+    from ..training.device import pick_device
+
+    budget = f"{train_cfg.time_budget:.0f}s" if train_cfg.time_budget else \
+        f"{train_cfg.max_iters} steps"
+    lr = "noam" if train_cfg.lr_schedule == "noam" else f"{train_cfg.learning_rate:g}"
+    return [corpus,
+            f"{model}: {built.model.num_params():,} parameters ({shape}); device "
+            f"{pick_device(train_cfg.device)}",
+            f"training for {budget}, {batches}, lr {lr}"]
+
+
+def data_source(meta: dict, options: dict) -> tuple[str, str]:
+    """(corpus, encoding) to evaluate on: --data / --encoding, else the run's own."""
+    data = meta.get("data", {})
+    source = options.get("data") or data.get("source")
+    if not source:
+        raise NotApplicable("the checkpoint does not name its corpus; pass --data")
+    return source, options.get("encoding") or data.get("encoding", "utf-8")
+
+
+def loss_lines(loss: float, per: str) -> list[str]:
+    """Val loss, perplexity and bits per token (or character)."""
+    return [f"val loss      {loss:.4f} nats/{per}", f"perplexity    {math.exp(loss):.3f}",
+            f"bits/{per:<8}{loss / math.log(2):.4f}"]

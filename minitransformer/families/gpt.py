@@ -1,0 +1,101 @@
+"""The GPT family: a decoder-only language model on one token stream (characters or BPE).
+
+    train      next-token prediction on random windows (nanoGPT's batches)
+    evaluate   val loss, perplexity, bits per token
+    sample     continue a prompt (temperature, top-k, top-p, KV cache)
+    explain    the eight-step walkthrough of the forward pass
+    compare    also the val loss on windows longer than the training context
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import GPTConfig, config_from_dict
+from ..data import get_batch
+from ..models import GPT
+from ..presets import GPT as PRESETS
+from ..tokenizers.fitting import GPT_SPECIALS
+from ..training.trainer import LanguageModelTask
+from ..viz.explain import explain_gpt
+from ..viz.views import self_attention_views
+from .base import Built, CannotEvaluate, Prepared, loss_lines, run_meta, summary_lines
+from .streams import StreamFamily
+
+
+class GPTFamily(StreamFamily):
+    name = "gpt"
+    presets = PRESETS
+    title = "GPT"
+    config_class = GPTConfig
+    model_class = GPT
+    default_data = "shakespeare"
+    special_tokens = GPT_SPECIALS
+    commands = frozenset({"sample", "explain", "export"})
+    redirects = {"translate": "it continues text: minitransformer sample DIR --prompt ..."}
+    can_autosize = True
+
+    def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
+        tok = prepared.tokenizer
+        cfg = config_from_dict(GPTConfig, {**fields, "vocab_size": tok.vocab_size})
+        self.check_length(prepared, cfg.block_size)
+        task = self.make_task(prepared, cfg)
+        return Built(cfg, GPT(cfg), task, run_meta(self.name, cfg, prepared.data_meta),
+                     cfg.n_layer)
+
+    def make_task(self, prepared: Prepared, config) -> LanguageModelTask:
+        return LanguageModelTask(prepared.train_ids, prepared.val_ids, config.block_size)
+
+    def describe(self, prepared: Prepared, built: Built, train_cfg) -> list[str]:
+        c = built.config
+        return summary_lines(f"corpus {prepared.source}: {prepared.summary}", "model", built,
+                             f"{c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context "
+                             f"{c.block_size}", train_cfg, f"batch {train_cfg.batch_size}")
+
+    def finish(self, run_dir, result, built: Built, train_cfg) -> list[str]:
+        return [f"best model: {run_dir}/model.safetensors (+ config.json, tokenizer.json)",
+                f"sample from it: minitransformer sample {run_dir} --prompt 'ROMEO:'"]
+
+    def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
+        loss, *_ = self.val_loss(model, tokenizer, meta, options)
+        return loss_lines(loss, "character" if tokenizer.kind == "char" else "token")
+
+    def attention_views(self, model, tokenizer, text: str, target: str | None = None):
+        return self_attention_views(model, tokenizer, text, target)
+
+    def explain(self, model, tokenizer, text: str, layer: int, head: int, top_k: int,
+                source: str) -> dict:
+        return explain_gpt(model, tokenizer, text, layer, head, top_k, source)
+
+    @torch.no_grad()
+    def loss_at_length(self, model, prepared: Prepared, length: int, device,
+                       n_tokens: int = 16384, seed: int = 0) -> float:
+        """Mean next-token cross-entropy (nats) over random val windows of ``length`` tokens.
+
+        About ``n_tokens`` tokens in all (at least 4 windows), in batches of at most 8192.
+        """
+        val = prepared.val_ids
+        if length + 1 > len(val):
+            raise CannotEvaluate(f"val split too short ({len(val)} tokens)")
+        gen = torch.Generator().manual_seed(seed)
+        windows = max(4, n_tokens // length)
+        per_batch = max(1, min(windows, 8192 // length))
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        try:
+            while count < windows:
+                b = min(per_batch, windows - count)
+                x, y = get_batch(val, b, length, gen)  # (b, L), (b, L)
+                try:
+                    loss = model(x.to(device), y.to(device))[1]
+                except ValueError as e:  # e.g. a learned position table past block_size
+                    raise CannotEvaluate("cannot extrapolate") from e
+                total += loss.item() * b
+                count += b
+        finally:
+            model.train(was_training)
+        return total / count
+
+
+FAMILY = GPTFamily()

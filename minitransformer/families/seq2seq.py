@@ -1,0 +1,256 @@
+"""The seq2seq family: the paper's encoder-decoder on sentence pairs, with one joint BPE.
+
+    train      teacher forcing on length-bucketed batches, label-smoothed loss
+    evaluate   val loss per target token, then BLEU (sacrebleu) greedy and with beam search
+    translate  sentences, or the lines of a file
+    attention  encoder self-, decoder self- and cross-attention
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+from ..config import Seq2SeqConfig, config_from_dict
+from ..data import ParallelDataConfig, encode_pairs, load_parallel, split_indices
+from ..data.text import BUNDLED
+from ..models import Seq2SeqTransformer
+from ..models.decoding import translate_many
+from ..presets import SEQ2SEQ as PRESETS
+from ..tokenizers import BPETokenizer
+from ..training.device import pick_dtype
+from ..training.seq2seq_task import Seq2SeqTask
+from ..training.trainer import estimate_loss
+from ..viz.views import seq2seq_views
+from .base import (
+    Built,
+    CannotEvaluate,
+    Family,
+    NotApplicable,
+    Prepared,
+    data_source,
+    run_meta,
+    summary_lines,
+    train_config,
+)
+
+DECODING = frozenset({"beam", "length_penalty", "max_len"})
+
+
+class Seq2SeqFamily(Family):
+    name = "seq2seq"
+    presets = PRESETS
+    title = "encoder-decoder"
+    config_class = Seq2SeqConfig
+    model_class = Seq2SeqTransformer
+    data_classes = (ParallelDataConfig,)
+    default_data = "bible_en_es"
+    tokenizers = ("bpe",)
+    commands = frozenset({"translate"})
+    redirects = {"sample": "it translates: minitransformer translate DIR \"a sentence\"",
+                 "explain": "its attention maps: minitransformer attention DIR --text ..."}
+    evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
+                                  "split", "limit", "examples"}) | DECODING
+
+    def claims(self, source: str | None, source_tgt: str | None) -> bool:
+        """Sentence pairs imply this family: two aligned files, or a .tsv corpus."""
+        return bool(source_tgt) or BUNDLED.get(source or "", source or "").endswith(".tsv")
+
+    def _data_config(self, fields: dict) -> ParallelDataConfig:
+        names = {f for f in fields if f in ParallelDataConfig.__dataclass_fields__}
+        return config_from_dict(ParallelDataConfig, {k: fields[k] for k in names})
+
+    def saved_fields(self, meta: dict) -> dict:
+        return {**meta["model"], **meta.get("data", {}).get("config", {})}
+
+    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
+                source_tgt: str | None = None) -> Prepared:
+        if kind not in (None, "bpe"):
+            raise NotApplicable(f"--tokenizer {kind}: the encoder-decoder uses one joint BPE "
+                                f"vocabulary (--vocab_size sets its size)")
+        data_cfg = self._data_config(fields)
+        corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
+        splits = split_indices(corpus.groups)
+        texts = [corpus.src[i] for i in splits["train"]] + \
+            [corpus.tgt[i] for i in splits["train"]]
+        tokenizer = BPETokenizer.train(texts, fields.get("vocab_size", 8000))
+        return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding, data_cfg)
+
+    def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
+               source_tgt: str | None = None) -> Prepared:
+        data = meta.get("data", {})
+        data_cfg = self._data_config(data.get("config", {}))
+        if source_tgt is None and source == data.get("source"):
+            source_tgt = data.get("source_tgt")
+        corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
+        return self._prepared(corpus, split_indices(corpus.groups), tokenizer, source,
+                              source_tgt, encoding, data_cfg)
+
+    def _prepared(self, corpus, splits, tokenizer, source, source_tgt, encoding,
+                  data_cfg) -> Prepared:
+        data_meta = {"source": source, "source_tgt": source_tgt, "encoding": encoding,
+                     "tokenizer": "bpe", "src_lang": corpus.src_lang,
+                     "tgt_lang": corpus.tgt_lang, "config": vars(data_cfg).copy(),
+                     "pairs": {k: len(v) for k, v in splits.items()}}
+        return Prepared(source, encoding, tokenizer, data_meta,
+                        extra={"corpus": corpus, "splits": splits},
+                        summary=f"{len(corpus):,} pairs {corpus.src_lang} -> "
+                                f"{corpus.tgt_lang}, {len(splits['train']):,} train, "
+                                f"{len(splits['valid']):,} valid, {len(splits['test']):,} "
+                                f"test")
+
+    def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
+        tok = prepared.tokenizer
+        data_cfg = self._data_config(fields)
+        model_fields = {k: v for k, v in fields.items()
+                        if k not in ParallelDataConfig.__dataclass_fields__}
+        cfg = config_from_dict(Seq2SeqConfig, {
+            **model_fields, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
+            "bos_id": tok.bos_id, "eos_id": tok.eos_id})
+        encoded, dropped = encode_splits(tok, prepared, cfg, data_cfg)
+        task = Seq2SeqTask(encoded, cfg.pad_id, cfg.bos_id, cfg.eos_id, data_cfg.batch_tokens,
+                           sample_sources(prepared, tok), seed=seed)
+        meta = run_meta(self.name, cfg, {**prepared.data_meta,
+                                         "config": vars(data_cfg).copy()})
+        prepared.extra.update(dropped=dropped, kept=len(encoded["train"][0]))
+        return Built(cfg, Seq2SeqTransformer(cfg), task, meta,
+                     cfg.encoder_layers + cfg.decoder_layers)
+
+    def describe(self, prepared: Prepared, built: Built, train_cfg) -> list[str]:
+        c, d = built.config, prepared.data_meta["config"]
+        lines = summary_lines(
+            f"corpus {prepared.extra['corpus'].name}: {prepared.summary}; "
+            f"{prepared.extra['dropped']:,} training pairs longer than {d['train_max_len']} "
+            f"tokens dropped, {prepared.extra['kept']:,} kept", "model", built,
+            f"{c.encoder_layers}+{c.decoder_layers} layers, {c.n_head} heads, {c.n_embd} wide, "
+            f"d_ff {c.ffn_width}", train_cfg,
+            f"batches of <= {train_cfg.batch_size} pairs and <= {d['batch_tokens']} tokens")
+        return [lines[0], f"joint BPE vocabulary: {prepared.tokenizer.vocab_size:,} tokens",
+                *lines[1:]]
+
+    def finish(self, run_dir, result, built: Built, train_cfg) -> list[str]:
+        return [f"translate with: minitransformer translate {run_dir} \"your sentence\"",
+                f"BLEU on the test split: minitransformer evaluate {run_dir}"]
+
+    def attention_views(self, model, tokenizer, text: str, target: str | None = None):
+        return seq2seq_views(model, tokenizer, text, target)
+
+    def loss_at_length(self, model, prepared: Prepared, length: int, device,
+                       n_tokens: int = 16384, seed: int = 0) -> float:
+        raise CannotEvaluate("not defined for sentence pairs")
+
+    def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
+        """Val loss as training measured it, then BLEU on a split (greedy and beam)."""
+        opts = decoding_options(options)
+        source, encoding = data_source(meta, options)
+        prepared = self.reopen(meta, tokenizer, source, encoding)
+        cfg = train_config(meta)
+        built_task = self.build(prepared, self.saved_fields(meta), cfg.seed).task
+        loss = estimate_loss(model, built_task, "val", options.get("batch_size")
+                             or cfg.batch_size, options.get("eval_iters") or cfg.eval_iters,
+                             device, pick_dtype(cfg.dtype, device), options.get("seed") or 0)
+        lines = [f"val loss {loss:.4f} nats/target token (valid split, as in training)"]
+        return lines + bleu_lines(model, tokenizer, prepared, options.get("split") or "test",
+                                  options.get("limit"), options.get("examples", 3), opts,
+                                  device)
+
+    def translate(self, model, tokenizer, lines: list[str], options: dict, device) -> list[str]:
+        """One translation per line (empty lines stay empty)."""
+        opts = decoding_options(options)
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        outs = translate_many(model, encode_sources(model, tokenizer, [lines[i] for i in todo]),
+                              opts["beam"], opts["max_len"], opts["length_penalty"],
+                              options.get("batch_size") or 32, device)
+        result = [""] * len(lines)
+        for i, ids in zip(todo, outs, strict=True):
+            result[i] = tokenizer.decode(ids)
+        return result
+
+
+def decoding_options(options: dict) -> dict:
+    """Beam size, GNMT length penalty and the longest output, checked."""
+    beam = options.get("beam") or 4
+    penalty = 0.6 if options.get("length_penalty") is None else options["length_penalty"]
+    max_len = options.get("max_len")
+    if beam < 1:
+        raise NotApplicable(f"--beam must be at least 1, got {beam}")
+    if penalty < 0:
+        raise NotApplicable(f"--length-penalty must be >= 0, got {penalty}")
+    if max_len is not None and max_len < 1:
+        raise NotApplicable(f"--max-len must be at least 1, got {max_len}")
+    return {"beam": beam, "length_penalty": penalty, "max_len": max_len}
+
+
+def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,
+                  data_cfg: ParallelDataConfig):
+    """Token ids of train and valid; training pairs longer than train_max_len are dropped."""
+    corpus, splits = prepared.extra["corpus"], prepared.extra["splits"]
+    out, dropped = {}, 0
+    for name in ("train", "valid"):
+        idx = splits[name]
+        src, tgt = encode_pairs(tokenizer, [corpus.src[i] for i in idx],
+                                [corpus.tgt[i] for i in idx], model_cfg.eos_id)
+        limit = model_cfg.block_size - 1
+        if name == "train":
+            limit = min(limit, data_cfg.train_max_len)
+        keep = [i for i in range(len(src)) if len(src[i]) <= limit + 1 and len(tgt[i]) <= limit]
+        if name == "train":
+            dropped = len(src) - len(keep)
+        out[name] = ([src[i] for i in keep], [tgt[i] for i in keep])
+        if not keep:
+            raise NotApplicable(f"every {name} pair is longer than {limit} tokens; raise "
+                                f"--train_max_len or --block_size")
+    return out, dropped
+
+
+def sample_sources(prepared: Prepared, tokenizer, n: int = 2) -> list[str]:
+    """A few short validation sentences to translate at each evaluation."""
+    corpus, valid = prepared.extra["corpus"], prepared.extra["splits"]["valid"]
+    picked = [corpus.src[i] for i in valid if 6 <= len(tokenizer.encode(corpus.src[i])) <= 24]
+    return picked[:n] or [corpus.src[valid[0]]]
+
+
+def encode_sources(model, tokenizer, texts: list[str]) -> list[list[int]]:
+    """Source ids ending in </s>, cut to the position table when it cannot extend."""
+    c = model.config
+    limit = c.block_size - 1 if c.pos_encoding == "learned" else None
+    return [(ids[:limit] if limit else ids) + [c.eos_id]
+            for ids in tokenizer.encode_batch(texts)]
+
+
+def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | None,
+               examples: int, opts: dict, device) -> list[str]:
+    """BLEU (sacrebleu, default 13a tokenisation) on a split, greedy and with the beam."""
+    from sacrebleu.metrics import BLEU
+
+    corpus = prepared.extra["corpus"]
+    idx = prepared.extra["splits"][split][:limit or None]
+    if not idx:
+        raise NotApplicable(f"the {split} split of {prepared.source} is empty")
+    refs = [corpus.tgt[i] for i in idx]
+    sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx])
+    lines = [f"{prepared.source}: {len(idx):,} {split} pairs {corpus.src_lang} -> "
+             f"{corpus.tgt_lang}"]
+    bleu = BLEU()
+    for beam in dict.fromkeys([1, opts["beam"]]):
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        t0 = time.perf_counter()
+        with tqdm(total=len(sources), desc=name, unit="sent", leave=False,
+                  disable=not sys.stderr.isatty() or None) as bar:
+            outs = translate_many(model, sources, beam, opts["max_len"], opts["length_penalty"],
+                                  64, device, progress=bar.update)
+        hyps = [tokenizer.decode(o) for o in outs]
+        score = bleu.corpus_score(hyps, [refs])
+        lp = f", length penalty {opts['length_penalty']:g}" if beam > 1 else ""
+        lines.append(f"{name:<8} BLEU {score.score:5.2f}   ({score}{lp}; "
+                     f"{time.perf_counter() - t0:.0f}s)")
+    lines.append(f"sacrebleu signature: {bleu.get_signature()}")
+    for i in range(min(examples, len(idx))):
+        lines.append(f"\nsource:    {corpus.src[idx[i]]}\nreference: {refs[i]}\n"
+                     f"model:     {hyps[i]}")
+    return lines
+
+
+FAMILY = Seq2SeqFamily()

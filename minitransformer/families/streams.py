@@ -1,0 +1,75 @@
+"""What the families trained on one token stream share: GPT (next token) and the encoder
+(masked tokens) read a text, fit characters or byte-level BPE, split it 90/10 as nanoGPT does,
+and measure val loss on random windows of the context."""
+
+from __future__ import annotations
+
+import torch
+
+from ..data import check_length, load_text, split_ids
+from ..tokenizers import fit_tokenizer
+from ..training.device import pick_dtype
+from ..training.trainer import estimate_loss
+from .base import Family, NotApplicable, Prepared, data_source, train_config
+
+
+class StreamFamily(Family):
+    """A family whose data is one token stream (see the module docstring)."""
+
+    special_tokens: tuple[str, ...] = ()
+    evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed"})
+
+    def tokenizer_extras(self, tokenizer) -> dict:
+        """Ids the family adds beside the tokenizer's own (the encoder's [MASK])."""
+        return {}
+
+    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
+                source_tgt: str | None = None) -> Prepared:
+        if source_tgt:
+            raise NotApplicable(f"--data-tgt is for sentence pairs; a {self.title} reads one "
+                                f"text (--model seq2seq translates)")
+        kind = kind or "char"
+        text = load_text(source, encoding)
+        vocab = fields.get("vocab_size") if kind == "bpe" else None
+        tokenizer = fit_tokenizer(kind, text, vocab, *(
+            (self.special_tokens,) if self.special_tokens else ()))
+        return self._encode(text, tokenizer, source, encoding)
+
+    def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
+               source_tgt: str | None = None) -> Prepared:
+        return self._encode(load_text(source, encoding), tokenizer, source, encoding)
+
+    def _encode(self, text: str, tokenizer, source: str, encoding: str) -> Prepared:
+        ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+        train_ids, val_ids = split_ids(ids)
+        data_meta = {"source": source, "encoding": encoding, "tokenizer": tokenizer.kind}
+        return Prepared(source, encoding, tokenizer, data_meta, train_ids, val_ids,
+                        extra=self.tokenizer_extras(tokenizer),
+                        summary=f"{len(ids):,} tokens ({tokenizer.kind} tokenizer), "
+                                f"{len(train_ids):,} train / {len(val_ids):,} val")
+
+    def check_length(self, prepared: Prepared, block_size: int) -> None:
+        check_length(prepared.train_ids, prepared.val_ids, block_size, prepared.source)
+
+    def evaluation_task(self, model, tokenizer, meta: dict, options: dict):
+        """(task, batch size, eval_iters, dtype) on the corpus the run was trained on, as the
+        trainer measured it: the same batches, the same precision."""
+        source, encoding = data_source(meta, options)
+        prepared = self.reopen(meta, tokenizer, source, encoding)
+        self.check_length(prepared, model.config.block_size)
+        cfg = train_config(meta)
+        task = self.make_task(prepared, model.config)
+        device = next(model.parameters()).device
+        return (task, options.get("batch_size") or cfg.batch_size,
+                options.get("eval_iters") or cfg.eval_iters, pick_dtype(cfg.dtype, device))
+
+    def make_task(self, prepared: Prepared, config):
+        raise NotImplementedError
+
+    def val_loss(self, model, tokenizer, meta: dict, options: dict):
+        """(val loss, task, batch, iters): the trainer's measure, through its own function."""
+        task, batch, iters, dtype = self.evaluation_task(model, tokenizer, meta, options)
+        device = next(model.parameters()).device
+        loss = estimate_loss(model, task, "val", batch, iters, device, dtype,
+                             options.get("seed") or 0)
+        return loss, task, batch, iters

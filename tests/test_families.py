@@ -1,0 +1,166 @@
+"""Every command, for every family it applies to, through the same code path; exit 2 with a
+clear line where a command does not apply. One tiny run per family, trained once."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from minitransformer.cli import main
+from minitransformer.corpora import __file__ as corpora_init
+from minitransformer.families import FAMILIES
+from minitransformer.training import checkpoint as ckpt
+
+FAST = ["--max_iters", "4", "--eval_interval", "2", "--eval_iters", "2", "--sample_tokens", "0",
+        "--quiet"]
+
+
+def _pairs(path) -> str:
+    """The first 400 verses of the bundled Bible (a few chapters: enough for the split)."""
+    from pathlib import Path
+
+    lines = (Path(corpora_init).parent / "bible_en_es.tsv").read_text(encoding="utf-8")
+    path.write_text("\n".join(lines.splitlines()[:401]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_text):
+    root = tmp_path_factory.mktemp("families")
+    text = root / "tiny.txt"
+    text.write_text(tiny_text, encoding="utf-8")
+    data = {"gpt": str(text), "encoder": str(text), "seq2seq": _pairs(root / "pairs.tsv")}
+    extra = {"gpt": [], "encoder": [], "seq2seq": ["--vocab_size", "300", "--batch_tokens",
+                                                   "600"]}
+    out = {}
+    for name in FAMILIES:
+        out[name] = root / name
+        code = main(["train", "--model", name, "--data", data[name], "--out", str(out[name]),
+                     "--preset", "debug", *extra[name], *FAST])
+        assert code == 0, name
+    return out, data
+
+
+def _user_error(capsys, *words):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_train_writes_a_run_that_names_its_family(runs, family):
+    out, _ = runs
+    meta = json.loads((out[family] / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))
+    assert meta["family"] == family and meta["format"] == "minitransformer"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_resume_finds_the_family_itself(runs, family, capsys):
+    """No --model needed to resume any family (an encoder run used to need it)."""
+    out, _ = runs
+    assert main(["train", "--out", str(out[family]), "--resume", "--max_iters", "6",
+                 "--quiet"]) == 0
+    assert "done: 6 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_evaluate_reports_the_val_loss_training_measured(runs, family, capsys):
+    """The same function, batches and precision as the trainer: the newest checkpoint's
+    recorded val loss comes back from ``evaluate --which last``."""
+    out, _ = runs
+    last = ckpt.list_checkpoints(out[family])[-1]
+    recorded = json.loads((last / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))["val_loss"]
+    args = ["--limit", "4"] if family == "seq2seq" else []
+    assert main(["evaluate", str(out[family]), "--which", "last", *args]) == 0
+    printed = capsys.readouterr().out
+    loss = float(re.search(r"val loss\s+([0-9.]+)", printed).group(1))
+    assert loss == pytest.approx(recorded, abs=2e-4), printed
+
+
+@pytest.mark.parametrize("family, command", [
+    ("gpt", ["sample", "--prompt", "the ", "--max-new-tokens", "5", "--seed", "1"]),
+    ("gpt", ["explain", "--text", "the cat", "--out", "{tmp}/w.html"]),
+    ("seq2seq", ["translate", "In the beginning"]),
+] + [(f, ["attention", "--text", "the cat", "--out", "{tmp}/a.png"]) for f in FAMILIES])
+def test_command_works_where_it_applies(runs, family, command, tmp_path):
+    out, _ = runs
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    assert main([args[0], str(out[family]), *args[1:]]) == 0
+
+
+@pytest.mark.parametrize("family, command, words", [
+    ("seq2seq", ["sample", "--prompt", "In"], ["sample does not apply", "translate"]),
+    ("encoder", ["sample", "--prompt", "the"], ["sample does not apply", "evaluate"]),
+    ("gpt", ["translate", "hello"], ["translate does not apply", "sample"]),
+    ("encoder", ["translate", "hello"], ["translate does not apply"]),
+    ("encoder", ["explain", "--text", "the", "--out", "{tmp}/w.html"], ["explain", "attention"]),
+    ("seq2seq", ["explain", "--text", "In", "--out", "{tmp}/w.html"], ["explain", "attention"]),
+    ("encoder", ["export", "--hf", "{tmp}/hf"], ["export does not apply"]),
+    ("gpt", ["evaluate", "--beam", "4"], ["--beam does not apply"]),
+    ("encoder", ["evaluate", "--split", "test"], ["--split does not apply"]),
+])
+def test_command_that_does_not_apply_is_a_user_error(runs, family, command, words, tmp_path,
+                                                    capsys):
+    out, _ = runs
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    assert main([args[0], str(out[family]), *args[1:]]) == 2
+    _user_error(capsys, *words)
+
+
+@pytest.mark.parametrize("flag, value, owner", [
+    ("--label_smoothing", "0.2", "seq2seq"),
+    ("--batch_tokens", "512", "seq2seq"),
+    ("--mlm_head", "linear", "encoder"),
+])
+def test_another_familys_flag_is_an_error_not_ignored(runs, flag, value, owner, tmp_path,
+                                                      capsys):
+    """A GPT run given a seq2seq or encoder setting refuses it, naming the family it is for."""
+    _, data = runs
+    assert main(["train", "--data", data["gpt"], "--out", str(tmp_path / "r"), "--preset",
+                 "debug", flag, value, *FAST]) == 2
+    _user_error(capsys, flag, owner)
+    assert not (tmp_path / "r").exists()
+
+
+def test_gpt_flag_on_seq2seq_and_tokenizer_that_does_not_apply(runs, tmp_path, capsys):
+    _, data = runs
+    assert main(["train", "--data", data["seq2seq"], "--out", str(tmp_path / "r"),
+                 "--tokenizer", "char", *FAST]) == 2
+    _user_error(capsys, "--tokenizer char")
+    assert main(["train", "--model", "encoder", "--data", data["gpt"], "--out",
+                 str(tmp_path / "r"), "--scale_embeddings", "true", *FAST]) == 2
+    _user_error(capsys, "--scale_embeddings", "gpt")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_compare_runs_every_family(runs, family, tmp_path, capsys):
+    _, data = runs
+    extra = ["--vocab_size", "300", "--batch_tokens", "600"] if family == "seq2seq" else []
+    code = main(["compare", "--model", family, "--data", data[family], "--out",
+                 str(tmp_path / "cmp"), "--vary", "n_layer=1,2", "--preset", "debug",
+                 "--max-iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+                 "--sample_tokens", "0", "--quiet", *extra])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "cmp" / "results.md").is_file()
+
+
+@pytest.mark.parametrize("damage", ["tokenizer", "train", "model"])
+def test_resume_of_a_damaged_seq2seq_run_is_a_user_error(runs, damage, tmp_path, capsys):
+    """A broken tokenizer.json or config.json in the newest checkpoint: exit 2, one line."""
+    import shutil
+
+    out, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(out["seq2seq"], run)
+    last = ckpt.list_checkpoints(run)[-1]
+    if damage == "tokenizer":
+        (last / ckpt.TOKENIZER_FILE).write_text("{not json", encoding="utf-8")
+    else:
+        meta = json.loads((last / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))
+        meta[damage] = "garbled" if damage == "train" else {"n_layer": "two", "bogus": 1}
+        (last / ckpt.CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    assert main(["train", "--out", str(run), "--resume", "--max_iters", "8", "--quiet"]) == 2
+    _user_error(capsys)
