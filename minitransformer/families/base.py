@@ -33,6 +33,7 @@ from torch import nn
 from ..config import TrainConfig, config_from_dict, field_names
 from ..errors import ConfigError, UserError
 from ..presets import get_preset
+from ..tokenizers import TOKENIZERS
 
 FORMAT = {"format": "minitransformer", "version": 1}  # the head of every config.json
 
@@ -101,7 +102,7 @@ class Family:
     presets: dict[str, dict] = {}
     default_data = "shakespeare"
     default_preset = "cpu-small"
-    tokenizers: tuple[str, ...] = ("char", "bpe")
+    tokenizers: tuple[str, ...] = TOKENIZERS  # char, bpe (automatic), bpe-bytes, bpe-chars
     commands: frozenset[str] = frozenset()  # beyond train, evaluate, attention, compare
     redirects: dict[str, str] = {}  # command -> what to use instead, for the message
     evaluate_options: frozenset[str] = frozenset()  # evaluate's flags this family reads

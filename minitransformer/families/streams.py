@@ -30,7 +30,7 @@ class StreamFamily(Family):
                                 f"text (--model seq2seq translates)")
         kind = kind or "char"
         text = load_text(source, encoding)
-        vocab = fields.get("vocab_size") if kind == "bpe" else None
+        vocab = fields.get("vocab_size") if kind != "char" else None
         tokenizer = fit_tokenizer(kind, text, vocab, *(
             (self.special_tokens,) if self.special_tokens else ()))
         return self._encode(text, tokenizer, source, encoding)

@@ -4,13 +4,19 @@ BPE starts from single characters (or bytes) and repeatedly merges the most freq
 pair into a new symbol until the vocabulary has ``vocab_size`` entries; frequent words become
 one token, rare words split into pieces, so no word is ever out of vocabulary.
 
-Two ways to cut text before the merges:
+Three ways to start:
 
 - ``byte_level=False`` (default): SentencePiece-style. Unicode NFC, spaces become the visible
   mark ``▁`` glued to the next word, punctuation stands alone. Characters never seen in
   training become ``<unk>``. Good for translation with a small vocabulary.
 - ``byte_level=True``: GPT-2 style. Text is cut into UTF-8 bytes first, so any string
-  encodes without ``<unk>`` and decodes back exactly.
+  encodes without ``<unk>`` and decodes back exactly. A Chinese character is three bytes, so
+  two merges go into rebuilding each one before any merge can join characters into words.
+- ``train_chars``: character-initial, for Chinese (and Japanese) text. Each character starts
+  as one symbol; the rarest characters are left out of the alphabet and spelt as their UTF-8
+  bytes (``<0xE4>``-style tokens, byte fallback as in SentencePiece and Llama), so any string
+  still encodes and decodes back exactly. Pieces may cross punctuation (Chinese has no spaces
+  to cut at: ``曰：`` and ``。\n`` recur), never a line end.
 
 Use::
 
@@ -27,11 +33,31 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import UserError
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3 after training
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # the byte-fallback vocabulary
+# Share of the non-byte vocabulary the character-initial alphabet may fill; the rest is left
+# to merges. bench/tokenizers_zh.py measured 0.6-0.8 best on the bundled Chinese corpora.
+ALPHABET_SHARE = 0.7
+
+
+def _gpt2_byte_chars() -> dict[str, int]:
+    """GPT-2's printable stand-in character of each byte (``Ġ`` for the space) -> the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+GPT2_BYTES = _gpt2_byte_chars()
 
 
 class BPETokenizer:
@@ -75,6 +101,32 @@ class BPETokenizer:
         return cls(tok)
 
     @classmethod
+    def train_chars(cls, texts: Iterable[str], vocab_size: int,
+                    special_tokens: Iterable[str] = SPECIAL_TOKENS, min_frequency: int = 2,
+                    alphabet_share: float = ALPHABET_SHARE) -> BPETokenizer:
+        """Character-initial BPE with byte fallback (see the module docstring).
+
+        ids: the special tokens, then the 256 byte tokens, then the alphabet and the merges;
+        ``vocab_size`` counts them all. The alphabet keeps the most frequent characters, at
+        most ``alphabet_share`` of what is left after the specials and the bytes.
+        """
+        special_tokens, texts = list(special_tokens), list(texts)
+        budget = vocab_size - len(BYTE_TOKENS) - len(special_tokens)
+        if budget < 1:
+            raise UserError(f"--vocab-size {vocab_size} is too small for character-initial "
+                            f"BPE: it needs more than {vocab_size - budget} (256 bytes + "
+                            f"{len(special_tokens)} special)")
+        n_chars = len(set().union(*map(set, texts))) if texts else 0
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n"), behavior="merged_with_previous")
+        trainer = trainers.BpeTrainer(
+            vocab_size=budget + len(special_tokens), min_frequency=min_frequency,
+            special_tokens=special_tokens, show_progress=False,
+            limit_alphabet=max(1, min(n_chars, int(budget * alphabet_share))))
+        tok.train_from_iterator(texts, trainer, length=len(texts))
+        return cls(_with_byte_fallback(tok, len(special_tokens)))
+
+    @classmethod
     def from_file(cls, path) -> BPETokenizer:
         """Load a Hugging Face ``tokenizer.json`` (e.g. GPT-2's)."""
         try:
@@ -103,6 +155,35 @@ class BPETokenizer:
     def tokens(self, text: str) -> list[str]:
         """The pieces ``text`` is cut into (``▁`` marks a preceding space)."""
         return self.hf.encode(text, add_special_tokens=False).tokens
+
+    @property
+    def mode(self) -> str:
+        """How the merges start: "bytes" (GPT-2's byte level), "chars" (character-initial
+        with byte fallback) or "words" (SentencePiece-style, ``<unk>`` for unseen)."""
+        if isinstance(self.hf.decoder, decoders.ByteLevel):
+            return "bytes"
+        return "chars" if getattr(self.hf.model, "byte_fallback", False) else "words"
+
+    def token_bytes(self, i: int) -> bytes | None:
+        """The UTF-8 bytes token ``i`` stands for, or None for a special token.
+
+        A byte-level piece such as GPT-2's ``ä»`` is the first two bytes of 从: decoding it
+        alone gives U+FFFD, while its bytes still say what it holds.
+        """
+        raw = self.hf.id_to_token(int(i))
+        if raw is None or raw in self._specials():
+            return None
+        if raw in BYTE_TOKENS and self.mode == "chars":
+            return bytes([int(raw[3:5], 16)])
+        if self.mode == "bytes" and all(ch in GPT2_BYTES for ch in raw):
+            return bytes(GPT2_BYTES[ch] for ch in raw)
+        return raw.replace("\u2581", " ").encode("utf-8")
+
+    def _specials(self) -> frozenset[str]:
+        if not hasattr(self, "_special_set"):
+            self._special_set = frozenset(
+                t.content for t in self.hf.get_added_tokens_decoder().values() if t.special)
+        return self._special_set
 
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)
@@ -142,3 +223,20 @@ class BPETokenizer:
     def save(self, path) -> None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, ensure_ascii=False)
+
+
+def _with_byte_fallback(tok: Tokenizer, n_special: int) -> Tokenizer:
+    """``tok`` with the 256 byte tokens after its specials and byte fallback switched on.
+
+    The trainer cannot add them itself: as special tokens they would be matched in the text
+    and dropped by ``decode``. So the trained model's vocabulary is shifted by 256 and
+    rebuilt; merges name tokens by their text, so they stay as they are.
+    """
+    d = json.loads(tok.to_str())
+    vocab = {t: (i if i < n_special else i + len(BYTE_TOKENS))
+             for t, i in d["model"]["vocab"].items()}
+    vocab.update({t: n_special + b for b, t in enumerate(BYTE_TOKENS)})
+    d["model"]["vocab"] = vocab
+    d["model"]["byte_fallback"] = True
+    d["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
+    return Tokenizer.from_str(json.dumps(d))

@@ -31,13 +31,33 @@ def show_token(text: str) -> str:
     return "".join(VISIBLE.get(ch, ch) for ch in text)
 
 
+def bytes_label(data: bytes) -> str:
+    """What a token's bytes stand for: whole UTF-8 characters as themselves, every byte that
+    is only part of a character as a ``<0xE4>``-style marker (never mojibake such as ``ä»``)."""
+    out, i = [], 0
+    while i < len(data):
+        lead = data[i]
+        n = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 \
+            else 4 if 0xF0 <= lead < 0xF5 else 0
+        try:
+            out.append(data[i:i + n].decode("utf-8") if n else None)
+        except UnicodeDecodeError:
+            out.append(None)
+        if out[-1] is None:
+            out[-1], n = f"<0x{lead:02X}>", 1
+        i += n
+    return "".join(out)
+
+
 def _label(tokenizer, i: int) -> str:
+    data = tokenizer.token_bytes(i) if hasattr(tokenizer, "token_bytes") else None
+    if data is not None:  # a BPE piece: show the text its bytes hold
+        return show_token(bytes_label(data))
     decoded = tokenizer.decode([i])
     raw = tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else None
     if raw is not None:
         spaced = raw.replace("\u2581", " ")  # SentencePiece's visible space
-        # The vocabulary entry keeps the word-initial space that decoding one token drops;
-        # byte-level entries (GPT-2's "Ġthe") are unreadable, so those show decoded.
+        # The vocabulary entry keeps the word-initial space that decoding one token drops.
         if not decoded or "\ufffd" in decoded or spaced.strip() == decoded.strip():
             return show_token(spaced)
     return show_token(decoded)

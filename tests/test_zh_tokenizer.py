@@ -1,0 +1,100 @@
+"""Character-initial BPE for Chinese: lossless with byte fallback, fewer tokens per character than
+byte-level BPE on the bundled corpora at a vocabulary of 8,000, and the automatic choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minitransformer.data import load_text
+from minitransformer.errors import UserError
+from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
+from minitransformer.tokenizers.bpe import BPETokenizer
+from minitransformer.tokenizers.fitting import CHARS_FROM_VOCAB, choose_bpe, cjk_share
+
+SAMPLES = [
+    "从前有座山，山里有座庙。",
+    "我吃了一个红苹果",  # 吃 and 个 are not in tang: they must come back through bytes
+    "First Citizen:\nBefore we proceed any further, hear me speak.",
+    "mixed 中文 and English, tabs\tand  double  spaces\n\n",
+    "never seen: Ωμέγα, emoji 🙂, ümlaut, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, a literal <0xE4> and ▁",
+    " leading and trailing spaces ",
+]
+
+
+@pytest.fixture(scope="module")
+def tang():
+    return load_text("tang")
+
+
+@pytest.fixture(scope="module")
+def chars(tang):
+    return fit_tokenizer("bpe-chars", tang, 3000, echo=None)
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_round_trip_is_lossless(chars, text):
+    ids = chars.encode(text)
+    assert chars.decode(ids) == text
+    assert max(ids) < chars.vocab_size
+
+
+def test_vocabulary_layout(chars):
+    """Specials first, then the 256 byte tokens, then characters and merges."""
+    assert chars.mode == "chars" and chars.vocab_size == 3000
+    assert chars.id_to_token(0) == "<|endoftext|>"
+    assert [chars.id_to_token(1 + b) for b in (0, 0xE4, 0xFF)] == ["<0x00>", "<0xE4>", "<0xFF>"]
+    assert chars.tokens("山") == ["山"]  # a common character is one symbol, not three bytes
+    assert chars.tokens("吃") == ["<0xE5>", "<0x90>", "<0x83>"]  # unseen: its UTF-8 bytes
+    assert [chars.token_bytes(i) for i in chars.encode("吃")] == [b"\xe5", b"\x90", b"\x83"]
+
+
+def test_saved_and_rebuilt(chars):
+    again = tokenizer_from_dict(json.loads(json.dumps(chars.to_dict())))
+    assert again.mode == "chars"
+    for text in SAMPLES:
+        assert again.encode(text) == chars.encode(text)
+
+
+def test_byte_level_pieces_know_their_bytes(tang):
+    b = BPETokenizer.train(tang.splitlines(keepends=True), 300, special_tokens=["<s>"],
+                           byte_level=True)
+    assert b.mode == "bytes"
+    ids = b.encode("从前 a")
+    assert b"".join(b.token_bytes(i) for i in ids) == "从前 a".encode()
+    assert b.token_bytes(b.token_to_id("<s>")) is None
+
+
+@pytest.mark.parametrize("corpus", ["sayings", "tang"])
+def test_fewer_tokens_per_character_than_byte_level_at_8000(corpus):
+    text = load_text(corpus)
+    lines = text.splitlines(keepends=True)
+    byte_level = BPETokenizer.train(lines, 8000, special_tokens=["<|endoftext|>"],
+                                    byte_level=True)
+    chars = BPETokenizer.train_chars(lines, 8000, special_tokens=["<|endoftext|>"])
+    n_bytes, n_chars = len(byte_level.encode(text)), len(chars.encode(text))
+    assert n_chars < 0.9 * n_bytes, (corpus, n_chars / len(text), n_bytes / len(text))
+    assert chars.decode(chars.encode(text)) == text
+
+
+def test_automatic_choice(tang):
+    assert cjk_share(tang) > 0.9 and cjk_share("hear me speak, 从前") < 0.5
+    assert choose_bpe("hear me speak", 8000) == ("bytes", None)  # nothing said for English
+    mode, why = choose_bpe(tang, CHARS_FROM_VOCAB)
+    assert mode == "chars" and "characters" in why and "bpe-bytes" in why
+    mode, why = choose_bpe(tang, CHARS_FROM_VOCAB - 1)
+    assert mode == "bytes" and "bpe-chars" in why
+    said = []
+    tok = fit_tokenizer("bpe", tang, CHARS_FROM_VOCAB, echo=said.append)
+    assert tok.mode == "chars" and len(said) == 1
+    assert fit_tokenizer("bpe", tang, 600, echo=None).mode == "bytes"
+    assert fit_tokenizer("bpe-bytes", tang, 4000, echo=said.append).mode == "bytes"
+    assert len(said) == 1  # an explicit choice is not announced
+
+
+def test_too_small_and_unknown_kinds_are_user_errors(tang):
+    with pytest.raises(UserError, match="too small"):
+        fit_tokenizer("bpe-chars", tang, 200)
+    with pytest.raises(UserError, match="unknown tokenizer"):
+        fit_tokenizer("bpe-unigram", tang, 2000)
