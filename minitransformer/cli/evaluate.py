@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from ..families import load_run
 from ..families.base import NotApplicable
+from ..families.seq2seq import BLEU_TOKENIZERS
 from ..training.device import pick_device
 from .flags import add_decoding_flags, add_device, add_run_dir, positive_int
 
 OPTIONS = ("data", "encoding", "eval_iters", "batch_size", "seed", "split", "limit",
-           "examples", "beam", "length_penalty", "max_len")
+           "examples", "beam", "length_penalty", "max_len", "bleu_tokenize")
 
 
 def add_parser(sub) -> None:
@@ -36,6 +37,9 @@ def add_parser(sub) -> None:
                    help="score only the first N pairs of the split")
     g.add_argument("--examples", type=int, default=None,
                    help="print this many example translations (default 3)")
+    g.add_argument("--bleu_tokenize", choices=BLEU_TOKENIZERS, default=None,
+                   help="how sacreBLEU cuts sentences into words (default auto: zh when the "
+                        "references are mostly Chinese, else 13a)")
     add_device(e)
     e.set_defaults(func=cmd_evaluate)
 

@@ -20,6 +20,7 @@ from ..models import Seq2SeqTransformer
 from ..models.decoding import translate_many
 from ..presets import SEQ2SEQ as PRESETS
 from ..tokenizers import BPETokenizer
+from ..tokenizers.fitting import cjk_share, is_cjk
 from ..training.device import pick_dtype
 from ..training.seq2seq_task import Seq2SeqTask
 from ..training.trainer import estimate_loss
@@ -52,7 +53,7 @@ class Seq2SeqFamily(Family):
     redirects = {"sample": "it translates: minitransformer translate DIR \"a sentence\"",
                  "explain": "its attention maps: minitransformer attention DIR --text ..."}
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
-                                  "split", "limit", "examples"}) | DECODING
+                                  "split", "limit", "examples", "bleu_tokenize"}) | DECODING
 
     def claims(self, source: str | None, source_tgt: str | None) -> bool:
         """Sentence pairs imply this family: two aligned files, or a .tsv corpus."""
@@ -154,7 +155,7 @@ class Seq2SeqFamily(Family):
         lines = [f"val loss {loss:.4f} nats/target token (valid split, as in training)"]
         return lines + bleu_lines(model, tokenizer, prepared, options.get("split") or "test",
                                   options.get("limit"), options.get("examples", 3), opts,
-                                  device)
+                                  device, options.get("bleu_tokenize"))
 
     def translate(self, model, tokenizer, lines: list[str], options: dict, device) -> list[str]:
         """One translation per line (empty lines stay empty)."""
@@ -220,9 +221,38 @@ def encode_sources(model, tokenizer, texts: list[str]) -> list[list[int]]:
             for ids in tokenizer.encode_batch(texts)]
 
 
+BLEU_TOKENIZERS = ("auto", "13a", "zh", "char", "intl", "none", "ja-mecab", "ko-mecab")
+
+
+def bleu_tokenizer(refs: list[str], choice: str | None = None) -> tuple[str, str]:
+    """(sacreBLEU tokenizer, why) for references ``refs``.
+
+    BLEU counts word n-grams, and sacreBLEU's default ``13a`` finds words by spaces, so a
+    Chinese sentence is one "word" and a perfect translation can score 0. ``auto`` takes
+    ``zh`` (each Chinese character a word, runs of other text cut as 13a does) when the
+    references are mostly CJK, ``char`` for Japanese with kana when MeCab is not installed.
+    """
+    if choice not in (None, "auto"):
+        return choice, "as --bleu_tokenize asked"
+    text = "".join(refs[:2000])
+    share = cjk_share(text)
+    if share <= 0.5:
+        return "13a", "sacreBLEU's default; --bleu_tokenize zh for Chinese targets"
+    kana = sum(0x3040 <= ord(ch) <= 0x30FF for ch in text)
+    if kana > 0.1 * sum(map(is_cjk, text)):
+        try:
+            import MeCab  # noqa: F401 - sacrebleu[ja]
+            return "ja-mecab", f"the references are {share:.0%} CJK, with kana: Japanese"
+        except ImportError:
+            return "char", (f"the references are {share:.0%} CJK, with kana: Japanese, and "
+                            f"MeCab is not installed (pip install sacrebleu[ja] for ja-mecab)")
+    return "zh", f"the references are {share:.0%} CJK: each Chinese character counts as a word"
+
+
 def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | None,
-               examples: int, opts: dict, device) -> list[str]:
-    """BLEU (sacrebleu, default 13a tokenisation) on a split, greedy and with the beam."""
+               examples: int, opts: dict, device, tokenize: str | None = None) -> list[str]:
+    """BLEU (sacrebleu) on a split, greedy and with the beam; ``tokenize`` as in
+    ``bleu_tokenizer`` (13a, or zh when the references are mostly Chinese)."""
     from sacrebleu.metrics import BLEU
 
     corpus = prepared.extra["corpus"]
@@ -231,9 +261,14 @@ def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | No
         raise NotApplicable(f"the {split} split of {prepared.source} is empty")
     refs = [corpus.tgt[i] for i in idx]
     sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx])
+    scheme, why = bleu_tokenizer(refs, tokenize)
     lines = [f"{prepared.source}: {len(idx):,} {split} pairs {corpus.src_lang} -> "
-             f"{corpus.tgt_lang}"]
-    bleu = BLEU()
+             f"{corpus.tgt_lang}", f"BLEU tokenizer {scheme}: {why}"]
+    try:
+        bleu = BLEU(tokenize=scheme)
+    except RuntimeError as e:  # ja-mecab / ko-mecab without their packages
+        raise NotApplicable(f"--bleu_tokenize {scheme}: {str(e).strip().splitlines()[0]}") \
+            from None
     for beam in dict.fromkeys([1, opts["beam"]]):
         name = "greedy" if beam == 1 else f"beam {beam}"
         t0 = time.perf_counter()
