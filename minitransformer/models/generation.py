@@ -1,19 +1,49 @@
-"""Sampling and decoding: temperature, top-k, top-p (nucleus), KV-cached generation.
+"""Sampling and decoding: temperature, top-k, top-p (nucleus), KV-cached generation, and what
+the model sees once the text outgrows its context window.
+
+The window. A model trained on ``block_size`` positions sees at most that many tokens. When
+the text grows past it, the oldest tokens must go:
+
+- ``context_shift = 0``: the exact sliding window (nanoGPT's ``idx[:, -block_size:]``): every
+  new token sees the last ``block_size`` tokens. With the KV cache this means rebuilding the
+  cache from the cropped window for every token, the uncached cost again.
+- ``context_shift = s > 0`` (the default, ``block_size // 4``): when the text outgrows the
+  window, the oldest ``s`` tokens go at once and the window restarts from the last
+  ``block_size - s`` tokens, so one rebuild serves the next ``s`` tokens (llama.cpp's context
+  shift). A token then sees between ``block_size - s`` and ``block_size`` tokens.
+
+How the window moves is one rule (``window_start``); two modes say what happens to the cache
+when it moves:
+
+- ``"recompute"`` (the default): the cache is rebuilt from the new window, so the result
+  equals running the model on the window without any cache. Works for every position
+  encoding.
+- ``"roll"`` (RoPE, ALiBi, or no positions): the cache keeps its entries and drops the oldest
+  (``KVCache.drop_front``); RoPE keys are re-rotated by ``-shift`` so that positions restart
+  at the window's first token, ALiBi's bias follows cache indices and needs nothing. Nothing
+  is recomputed, but it is an approximation: the kept tokens' keys and values were computed
+  when the dropped tokens were still in view.
 
 Shapes: B batch, T time, V vocabulary size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
 import torch
+
+ContextMode = Literal["recompute", "roll"]
+ROLLABLE = ("rope", "alibi", "none")  # positions a cache can roll under (absolute ones are in every key)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None,
                   top_p: float | None = None) -> torch.Tensor:
     """Set to -inf every logit outside the top-k and outside the nucleus; (B, V) -> (B, V).
 
-    top_p keeps the smallest set of most likely tokens whose probabilities add up to >= p
-    (Holtzman et al. 2020).
+    top_k 0 or None = off. top_p keeps the smallest set of most likely tokens whose
+    probabilities add up to >= p (Holtzman et al. 2020); 1 or None = off.
     """
     if top_k is not None and top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
@@ -28,46 +58,109 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None,
     return logits
 
 
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                top_p: float | None = None, generator: Generators = None) -> torch.Tensor:
     """Pick the next token from last-position logits (B, V); returns (B, 1).
 
     temperature 0 is greedy argmax; otherwise softmax(logits / temperature) restricted to
-    top-k / top-p, then one multinomial draw.
+    top-k / top-p, then one multinomial draw. ``generator``: one for the whole batch, or one
+    per row (row i then draws exactly as it would alone, from its own generator).
     """
     if temperature <= 0.0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
     logits = filter_logits(logits.float() / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)  # (B, V)
+    if isinstance(generator, Sequence) and len(generator) == 1:
+        generator = generator[0]
+    if isinstance(generator, Sequence):
+        return torch.cat([torch.multinomial(p[None], num_samples=1, generator=g)
+                          for p, g in zip(probs, generator, strict=True)])  # (B, 1)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def row_generators(seed: int | None, batch: int, device) -> list[torch.Generator] | None:
+    """One generator per row, row i seeded ``seed + i``, so that any row can be reproduced
+    alone (with ``seed + i`` and batch 1); None when there is no seed."""
+    if seed is None:
+        return None
+    return [torch.Generator(device=device).manual_seed(seed + i) for i in range(batch)]
+
+
+def default_context_shift(block_size: int) -> int:
+    """Tokens dropped at once when the text outgrows the window: a quarter of it."""
+    return block_size // 4
+
+
+def check_context(block_size: int, shift: int, mode: str, pos_encoding: str) -> None:
+    """Raise ValueError for a shift outside 0 .. block_size - 1 or a mode the model cannot use."""
+    if not 0 <= shift < block_size:
+        raise ValueError(f"context shift must be in 0 .. {block_size - 1} (block_size "
+                         f"{block_size}), got {shift}")
+    if mode not in ("recompute", "roll"):
+        raise ValueError(f"context mode must be 'recompute' or 'roll', got {mode!r}")
+    if mode == "roll" and pos_encoding not in ROLLABLE:
+        raise ValueError(f"rolling the cache needs relative positions ({', '.join(ROLLABLE)}); "
+                         f"this model's {pos_encoding} positions are part of every cached key, "
+                         f"so use context mode 'recompute'")
+
+
+def window_start(length: int, start: int, block_size: int, shift: int) -> int:
+    """First token of the model's window over a text of ``length`` tokens.
+
+    The window is ``text[start:]`` while that fits in ``block_size``; when it would not, it
+    restarts from the last ``block_size - shift`` tokens (shift 0: the last ``block_size``,
+    the exact sliding window).
+    """
+    if length - start > block_size:
+        return length - (block_size - shift)
+    return start
+
+
+def roll_cache(model, cache, n: int) -> None:
+    """Drop the oldest ``n`` positions from every self-attention cache of a decoder-only
+    ``model`` (RoPE keys re-rotated by -n, see ``MultiHeadAttention.drop_front``)."""
+    for layer, (self_cache, _) in zip(model.decoder.layers, cache, strict=True):
+        layer.self_attn.drop_front(self_cache, n)
 
 
 @torch.inference_mode()
 def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None,
-                    seed: int | None = None, use_cache: bool = True):
-    """Yield max_new_tokens tokens (B, 1) from a decoder-only ``model``.
+                    seed: int | None = None, use_cache: bool = True,
+                    context_shift: int | None = None, context_mode: ContextMode = "recompute"):
+    """Yield max_new_tokens tokens (B, 1) from a decoder-only ``model``; idx (B, T) the prompt.
 
-    The model always sees the last ``block_size`` tokens, as in nanoGPT. With the KV cache,
-    each step feeds only the newest token; once the text outgrows the context window the
-    cache is rebuilt from the cropped window, so the result equals recomputing every step.
+    The model sees ``idx[:, start:]`` with ``start`` from ``window_start`` (see the module
+    docstring for ``context_shift``, default ``block_size // 4``, and ``context_mode``). With
+    the KV cache each step feeds only the newest token; in "recompute" mode the cache is
+    rebuilt whenever the window moves, so the result equals the uncached model on the same
+    windows (``use_cache=False``). With ``seed``, row i samples from its own generator seeded
+    ``seed + i``.
     """
-    block = model.config.block_size
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=idx.device).manual_seed(seed)
+    c = model.config
+    shift = default_context_shift(c.block_size) if context_shift is None else context_shift
+    check_context(c.block_size, shift, context_mode, c.pos_encoding)
+    generators = row_generators(seed, idx.shape[0], idx.device)
     was_training = model.training
     model.eval()
-    cache = None
+    cache, start = None, 0
     try:
         for _ in range(max_new_tokens):
-            if use_cache and cache is not None and cache[0][0].length < block:
-                logits, _ = model(idx[:, -1:], cache=cache)  # (B, 1, V): one new position
+            new_start = window_start(idx.shape[1], start, c.block_size, shift)
+            if not use_cache:
+                logits, _ = model(idx[:, new_start:])  # (B, T, V): the whole window
+            elif cache is None or (new_start != start and context_mode == "recompute"):
+                cache = model.new_cache()
+                logits, _ = model(idx[:, new_start:], cache=cache)  # (B, T, V): prefill
             else:
-                cache = model.new_cache() if use_cache else None
-                logits, _ = model(idx[:, -block:], cache=cache)  # (B, T, V)
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
+                if new_start != start:  # roll: forget the oldest, keep the rest as computed
+                    roll_cache(model, cache, new_start - start)
+                logits, _ = model(idx[:, -1:], cache=cache)  # (B, 1, V): one new position
+            start = new_start
+            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generators)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
             yield nxt
     finally:

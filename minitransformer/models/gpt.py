@@ -95,18 +95,32 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None, use_cache: bool = True) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens)."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed, use_cache))
+                 seed: int | None = None, use_cache: bool = True,
+                 context_shift: int | None = None,
+                 context_mode: generation.ContextMode = "recompute") -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens).
+
+        With ``seed``, row i draws from its own generator seeded ``seed + i`` (so a batch of
+        copies of one prompt gives the same samples as generating them one by one).
+        Past ``block_size`` tokens the window moves by ``context_shift`` tokens at once
+        (default block_size // 4; 0 = the exact sliding window); ``context_mode`` "roll" keeps
+        the cache instead of rebuilding it (RoPE / ALiBi only, an approximation). See
+        ``models/generation.py``.
+        """
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed, use_cache,
+                               context_shift, context_mode))
         return torch.cat([idx, *new], dim=1) if new else idx
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None,
-               seed: int | None = None, use_cache: bool = True):
-        """Yield each new token (B, 1) as soon as it is sampled."""
+               seed: int | None = None, use_cache: bool = True,
+               context_shift: int | None = None,
+               context_mode: generation.ContextMode = "recompute"):
+        """Yield each new token (B, 1) as soon as it is sampled (arguments as ``generate``)."""
         yield from generation.generate_tokens(self, idx, max_new_tokens, temperature, top_k,
-                                              top_p, seed, use_cache)
+                                              top_p, seed, use_cache, context_shift,
+                                              context_mode)
 
 
 __all__ = ["GPT", "Internals"]

@@ -110,9 +110,29 @@ class KVCache:
         return self.k, self.v
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',)."""
-        if self._k is not None:
-            self._k, self._v = self._k[index], self._v[index]
+        """Select batch rows (beam search): index (B',). Only the filled positions are
+        copied, into storage of the same capacity (beam search reorders every step)."""
+        if self._k is None:
+            return
+        n = self.length
+        new_k = self._k.new_empty(len(index), *self._k.shape[1:])  # (B', nh, capacity, hs)
+        new_v = self._v.new_empty(len(index), *self._v.shape[1:])
+        new_k[:, :, :n] = self._k[index, :, :n]
+        new_v[:, :, :n] = self._v[index, :, :n]
+        self._k, self._v = new_k, new_v
+
+    def drop_front(self, n: int, rekey=None) -> None:
+        """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
+        to the front. ``rekey`` (optional) maps the kept keys (B, nh, length - n, hs) to the
+        keys to keep instead (RoPE's re-rotation)."""
+        if n <= 0 or self._k is None:
+            return
+        keep = max(self.length - n, 0)
+        if keep:
+            k = self._k[:, :, n: self.length]  # (B, nh, keep, hs)
+            self._k[:, :, :keep] = rekey(k) if rekey is not None else k.clone()
+            self._v[:, :, :keep] = self._v[:, :, n: self.length].clone()
+        self.length = keep
 
 
 class MultiHeadAttention(nn.Module):
@@ -137,6 +157,13 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = Linear(d_model, d_model, bias=bias)  # W^K
         self.v_proj = Linear(d_model, d_model, bias=bias)  # W^V
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O (residual projection)
+
+    def drop_front(self, cache: KVCache, n: int) -> None:
+        """Drop the oldest ``n`` positions of this layer's self-attention ``cache``, so that
+        the first kept one becomes position 0: RoPE keys are rotated back by ``n`` positions
+        (R(p - n) = R(-n) R(p)); ALiBi's bias and no positions follow the cache indices."""
+        rope = self.rope
+        cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)))
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape

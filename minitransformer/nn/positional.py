@@ -93,6 +93,20 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x[..., : self.head_size // 2], x[..., self.head_size // 2:]  # (B, nh, T, hs/2)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
 
+    def rotate_by(self, x: torch.Tensor, delta: int) -> torch.Tensor:
+        """Rotate every position of x (B, nh, T, hs) by ``delta`` more positions.
+
+        Rotations compose, R(p + delta) = R(delta) R(p): a key rotated at position p becomes
+        the key rotated at p + delta (a context shift moves kept keys by -shift).
+        """
+        inv_freq = self.base ** (-torch.arange(0, self.head_size, 2, dtype=torch.float64)
+                                 / self.head_size)  # (hs/2,)
+        angle = delta * inv_freq  # (hs/2,)
+        cos = angle.cos().to(x.device, x.dtype)  # (hs/2,)
+        sin = angle.sin().to(x.device, x.dtype)  # (hs/2,)
+        x1, x2 = x[..., : self.head_size // 2], x[..., self.head_size // 2:]  # (B, nh, T, hs/2)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
+
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """Head slopes m of ALiBi: the geometric sequence 2^(-8/n), 2^(-16/n), ... (Press et al.).
