@@ -150,3 +150,35 @@ def test_max_len_and_never_pad_or_bos():
         direct = (greedy_decode(model, src, max_len=3) if k == 1
                   else beam_search(model, src, k, max_len=3)).tokens
         assert out == direct  # sorted into length batches, returned in input order
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_min_len_holds_back_the_end_and_equal_bounds_force_the_length(k):
+    model = make_model(seed=5)  # a model whose translations sometimes end at once
+    src = sources(6, 17, seed=5)
+    free = beam_search(model, src, k, max_len=12) if k > 1 else greedy_decode(model, src, 12)
+    assert min(len(t) for t in free.tokens) < 5  # without it some translations end early
+    decode = (lambda **kw: beam_search(model, src, k, **kw)) if k > 1 else \
+        (lambda **kw: greedy_decode(model, src, **kw))
+    held = decode(max_len=12, min_len=5)
+    assert all(5 <= len(t) <= 12 for t in held.tokens)
+    for i, toks in enumerate(held.tokens):  # the score is still the sequence's log-probability
+        row = src[i:i + 1, : int((src[i] != PAD).sum())]
+        if k == 1:
+            assert held.scores[i] == pytest.approx(sequence_logprob(model, row, toks), abs=1e-4)
+    exact = decode(max_len=7, min_len=7)
+    assert all(len(t) == 7 for t in exact.tokens)
+    assert decode(max_len=12, min_len=0).tokens == free.tokens
+    many = translate_many(model, [r[r != PAD].tolist() for r in src], beam_size=k, max_len=7,
+                          min_len=7, batch_size=4)
+    assert many == exact.tokens
+
+
+def test_min_len_option_is_checked():
+    from minitransformer.errors import UserError
+    from minitransformer.families.seq2seq import decoding_options
+
+    assert decoding_options({"min_len": 3, "max_len": 5})["min_len"] == 3
+    assert decoding_options({})["min_len"] == 0
+    with pytest.raises(UserError, match="--min-len"):
+        decoding_options({"min_len": 6, "max_len": 5})

@@ -163,7 +163,8 @@ class Seq2SeqFamily(Family):
         todo = [i for i, line in enumerate(lines) if line.strip()]
         outs = translate_many(model, encode_sources(model, tokenizer, [lines[i] for i in todo]),
                               opts["beam"], opts["max_len"], opts["length_penalty"],
-                              options.get("batch_size") or 32, device)
+                              options.get("batch_size") or 32, device,
+                              min_len=opts["min_len"])
         result = [""] * len(lines)
         for i, ids in zip(todo, outs, strict=True):
             result[i] = tokenizer.decode(ids)
@@ -171,7 +172,7 @@ class Seq2SeqFamily(Family):
 
 
 def decoding_options(options: dict) -> dict:
-    """Beam size, GNMT length penalty and the longest output, checked."""
+    """Beam size, GNMT length penalty, the longest and the shortest output, checked."""
     beam = options.get("beam") or 4
     penalty = 0.6 if options.get("length_penalty") is None else options["length_penalty"]
     max_len = options.get("max_len")
@@ -181,7 +182,10 @@ def decoding_options(options: dict) -> dict:
         raise NotApplicable(f"--length-penalty must be >= 0, got {penalty}")
     if max_len is not None and max_len < 1:
         raise NotApplicable(f"--max-len must be at least 1, got {max_len}")
-    return {"beam": beam, "length_penalty": penalty, "max_len": max_len}
+    min_len = options.get("min_len") or 0
+    if min_len < 0 or (max_len is not None and min_len > max_len):
+        raise NotApplicable(f"--min-len must be in 0 .. --max-len, got {min_len}")
+    return {"beam": beam, "length_penalty": penalty, "max_len": max_len, "min_len": min_len}
 
 
 def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,

@@ -7,7 +7,9 @@ every step recomputes the whole prefix (same result, slower; the tests hold them
 
 Rules shared by both, so that beam size 1 is exactly greedy search:
 - <pad> and <s> are never produced; after ``max_len`` tokens the only choice is </s>, so every
-  translation ends with </s> and is scored with its probability.
+  translation ends with </s> and is scored with its probability. Before ``min_len`` tokens
+  </s> is never produced (``max_len`` wins where they clash), so ``min_len = max_len`` makes
+  every translation exactly that long (for benchmarks that need equal work).
 - A translation's score is log P(y_1 .. y_n </s> | x) / lp(n + 1), with GNMT's length penalty
   lp(L) = ((5 + L) / 6) ** alpha (Wu et al. 2016; the paper used alpha = 0.6, beam 4);
   alpha = 0 scores by log-probability alone.
@@ -51,7 +53,7 @@ def length_penalty_factor(length: int, alpha: float) -> float:
 
 
 def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                   cache, step: int, max_len: int) -> torch.Tensor:
+                   cache, step: int, max_len: int, min_len: int = 0) -> torch.Tensor:
     """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied."""
     c = model.config
     if cache is not None:
@@ -63,6 +65,8 @@ def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: 
         eos = logp[:, c.eos_id].clone()
         logp.fill_(float("-inf"))
         logp[:, c.eos_id] = eos
+    elif step < min_len:  # too short yet: anything but </s>
+        logp[:, c.eos_id] = float("-inf")
     logp[:, c.pad_id] = float("-inf")
     logp[:, c.bos_id] = float("-inf")
     return logp
@@ -78,7 +82,7 @@ def _select_rows(rows: torch.Tensor, cache, cross_too: bool = True) -> None:
 
 @torch.no_grad()
 def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
-                  use_cache: bool = True) -> Decoded:
+                  use_cache: bool = True, min_len: int = 0) -> Decoded:
     """Pick the most likely token at every step; src (B, S) right-padded with pad_id.
 
     Sentences that have produced </s> leave the batch, so the rest run faster.
@@ -98,7 +102,8 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         out: list[list[int]] = [[] for _ in range(b)]
         scores = [0.0] * b
         for step in range(max_len + 1):
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len)
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len,
+                                  min_len)
             best, nxt = logp.max(dim=-1)  # (N,), (N,)
             total = total + best
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
@@ -121,7 +126,8 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | None = None,
-                length_penalty: float = 0.0, use_cache: bool = True) -> Decoded:
+                length_penalty: float = 0.0, use_cache: bool = True,
+                min_len: int = 0) -> Decoded:
     """Beam search with K = beam_size beams per sentence; src (B, S) right-padded.
 
     Scores are log-probabilities divided by lp(length) (see the module docstring).
@@ -148,7 +154,8 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         out: list[list[int]] = [[] for _ in range(b)]
         for step in range(max_len + 1):
             n = alive.numel()
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len)
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len,
+                                  min_len)
             v = logp.shape[-1]
             cand = (scores.reshape(-1, 1) + logp).view(n, k * v)  # (n, K*V) extended prefixes
             width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
@@ -209,7 +216,8 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> torch.Tensor:
 @torch.no_grad()
 def translate_many(model, sources: list[list[int]], beam_size: int = 1,
                    max_len: int | None = None, length_penalty: float = 0.0,
-                   batch_size: int = 64, device=None, progress=None) -> list[list[int]]:
+                   batch_size: int = 64, device=None, progress=None,
+                   min_len: int = 0) -> list[list[int]]:
     """Translate many encoded sources (each ending in </s>), batched by length, in order.
 
     ``progress`` (optional) is called with the number of sentences done after each batch.
@@ -221,9 +229,10 @@ def translate_many(model, sources: list[list[int]], beam_size: int = 1,
         chunk = order[start:start + batch_size]
         src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
         if beam_size <= 1:
-            decoded = greedy_decode(model, src, max_len)
+            decoded = greedy_decode(model, src, max_len, min_len=min_len)
         else:
-            decoded = beam_search(model, src, beam_size, max_len, length_penalty)
+            decoded = beam_search(model, src, beam_size, max_len, length_penalty,
+                                  min_len=min_len)
         for i, toks in zip(chunk, decoded.tokens, strict=True):
             results[i] = toks
         if progress is not None:
