@@ -1,6 +1,7 @@
 """``sample`` (continue a prompt) and ``translate`` (an encoder-decoder's sentences).
 
     minitransformer sample runs/shakespeare --prompt "ROMEO:" --temperature 0.8 --top-k 50
+    minitransformer sample runs/shakespeare --num-samples 8 --seed 1 --max-new-tokens 200
     minitransformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model,"
     minitransformer translate runs/en-es "In the beginning God created the heavens and the earth."
 """
@@ -17,29 +18,57 @@ from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
 from ..models import GPT
+from ..models.generation import ROLLABLE
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
-from .flags import add_decoding_flags, add_device, add_which, positive_int
+from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int
+
+WINDOW_HELP = """\
+past the context window: a model sees at most block_size tokens. --context_shift N: when the
+text outgrows the window, the oldest tokens go at once and the window restarts from the last
+block_size - N tokens, so each token sees between block_size - N and block_size tokens (one
+cache rebuild per N tokens); 0 = the exact sliding window (every token sees the last
+block_size; the cache is rebuilt every token). --context_mode recompute rebuilds the cache
+from the new window: the model sees exactly that window, as if it had never seen more.
+--context_mode roll (rope, alibi or no positions) keeps the cache and drops its oldest
+entries instead: nothing is recomputed, but the kept tokens' keys and values still carry what
+they saw of the dropped text (an approximation)."""
 
 
 def add_sample(sub) -> None:
-    s = sub.add_parser("sample", help="generate text from a trained model")
+    s = sub.add_parser("sample", help="generate text from a trained model", epilog=WINDOW_HELP,
+                       description="Continue a prompt with a trained GPT (or a Hugging Face "
+                                   "GPT-2 folder).")
     s.add_argument("dir", nargs="?", help="run folder (or checkpoint folder)")
     s.add_argument("--hf", metavar="PATH", default=None,
-                   help="a local Hugging Face GPT-2 folder instead of a run folder")
-    s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+                   help="a local Hugging Face GPT-2 folder instead of a run folder "
+                        "(default none)")
+    s.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
-                   help="tokens to generate (default 500)")
+                   help="tokens to generate per sample (default 500)")
+    s.add_argument("--num-samples", "--num_samples", type=positive_int, default=1,
+                   help="samples generated together in one batch; sample i draws with seed + "
+                        "i, so --seed S+i --num_samples 1 gives it alone (default 1)")
     s.add_argument("--temperature", type=float, default=0.8,
                    help="0 = greedy; higher = more random (default 0.8)")
-    s.add_argument("--top-k", "--top_k", type=positive_int, default=None,
-                   help="sample from the k most likely tokens only")
-    s.add_argument("--top-p", "--top_p", type=float, default=None,
-                   help="sample from the smallest set of tokens holding probability p")
-    s.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    s.add_argument("--top-k", "--top_k", type=nonneg_int, default=0,
+                   help="sample from the k most likely tokens only; 0 = off (default 0)")
+    s.add_argument("--top-p", "--top_p", type=float, default=1.0,
+                   help="sample from the smallest set of tokens holding probability p; 1 = "
+                        "off (default 1)")
+    s.add_argument("--seed", type=int, default=None,
+                   help="seed for reproducible samples (default none: new text every run)")
+    s.add_argument("--context-shift", "--context_shift", type=nonneg_int, default=None,
+                   help="tokens dropped at once when the text outgrows the context window; "
+                        "0 = exact sliding window; see below (default block_size // 4)")
+    s.add_argument("--context-mode", "--context_mode", choices=["recompute", "roll"],
+                   default="recompute",
+                   help="recompute the cache from the new window, or roll it (rope / alibi "
+                        "only; an approximation); see below (default recompute)")
     add_which(s)
     s.add_argument("--no-cache", "--no_cache", action="store_true",
-                   help="recompute the context every token")
+                   help="recompute the whole window every token, the same text slower "
+                        "(default off: the KV cache)")
     add_device(s)
     s.set_defaults(func=cmd_sample)
 
@@ -51,11 +80,14 @@ def add_translate(sub) -> None:
     t.add_argument("dir", help="run folder (or checkpoint folder)")
     t.add_argument("text", nargs="*", help="sentence(s) to translate")
     t.add_argument("--input", default=None, metavar="FILE",
-                   help="translate each line of FILE ('-' = standard input)")
+                   help="translate each line of FILE ('-' = standard input) (default none: "
+                        "the sentences given)")
     add_decoding_flags(t)
+    t.add_argument("--min-len", "--min_len", type=nonneg_int, default=0,
+                   help="shortest translation in tokens: no </s> before it (default 0)")
     t.add_argument("--batch-size", "--batch_size", type=positive_int, default=None,
                    help="sentences decoded together (default 32)")
-    t.add_argument("--encoding", default="utf-8", help="text encoding of --input")
+    t.add_argument("--encoding", default="utf-8", help="text encoding of --input (default utf-8)")
     add_which(t)
     add_device(t)
     t.set_defaults(func=cmd_translate)
@@ -71,18 +103,40 @@ def check_sampling_args(args) -> None:
         raise UserError("--prompt is empty: give at least one character")
 
 
-def _write_stream(model, tokenizer, ids: list[int], args, device) -> None:
-    """The prompt, then each generated piece as soon as it is a whole character."""
-    idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
-    out = sys.stdout
-    out.write(args.prompt)
-    out.flush()
+def check_window_args(args, model) -> None:
+    """--context_shift and --context_mode against the loaded model."""
+    block, pos = model.config.block_size, model.config.pos_encoding
+    if args.context_shift is not None and args.context_shift >= block:
+        raise UserError(f"--context_shift must be less than the model's block_size ({block}), "
+                        f"got {args.context_shift}")
+    if args.context_mode == "roll" and pos not in ROLLABLE:
+        raise UserError(f"--context_mode roll needs rope, alibi or no positions; this model "
+                        f"has {pos} positions (part of every cached key): use recompute")
+
+
+def _write_samples(model, tokenizer, ids: list[int], args, device) -> None:
+    """One sample: the prompt, then each piece as soon as it is a whole character. Several:
+    generated together in one batch, then each written out, nanoGPT's separator after each."""
+    check_window_args(args, model)
+    n = args.num_samples
+    idx = torch.tensor([ids] * n, dtype=torch.long, device=device)  # (N, T)
     tokens = model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                          args.seed, use_cache=not args.no_cache)
-    for piece in stream_text(tokens, tokenizer):  # whole characters, even from byte-level BPE
-        out.write(piece)
+                          args.seed, use_cache=not args.no_cache,
+                          context_shift=args.context_shift, context_mode=args.context_mode)
+    out = sys.stdout
+    if n == 1:
+        out.write(args.prompt)
         out.flush()
-    out.write("\n")
+        for piece in stream_text(tokens, tokenizer):  # whole characters, even from byte-level BPE
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        return
+    new = torch.cat(list(tokens), dim=1)  # (N, max_new_tokens)
+    for row in new:
+        out.write(args.prompt + "".join(stream_text(row.view(-1, 1, 1), tokenizer)) + "\n")
+        out.write("---------------\n")
+    out.flush()
 
 
 def cmd_sample(args) -> int:
@@ -97,7 +151,7 @@ def cmd_sample(args) -> int:
     run = load_run(args.dir, args.which, device)
     run.family.require("sample")
     decoding_threads(run.model, device)
-    _write_stream(run.model, run.tokenizer, run.tokenizer.encode(args.prompt), args, device)
+    _write_samples(run.model, run.tokenizer, run.tokenizer.encode(args.prompt), args, device)
     return 0
 
 
@@ -114,7 +168,7 @@ def _sample_hf(args, device) -> int:
         raise UserError(f"the tokenizer in {args.hf} does not fit the model (token id "
                         f"{max(ids)} >= vocab_size {model.config.vocab_size})")
     print(describe(model), file=sys.stderr)
-    _write_stream(model, tokenizer, ids, args, device)
+    _write_samples(model, tokenizer, ids, args, device)
     return 0
 
 
@@ -137,7 +191,7 @@ def _read_lines(args) -> list[str]:
 
 def cmd_translate(args) -> int:
     options = {"beam": args.beam, "length_penalty": args.length_penalty,
-               "max_len": args.max_len, "batch_size": args.batch_size}
+               "max_len": args.max_len, "min_len": args.min_len, "batch_size": args.batch_size}
     device = pick_device(args.device)
     run = load_run(args.dir, args.which, device)
     run.family.require("translate")
