@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 
 ContextMode = Literal["recompute", "roll"]
-ROLLABLE = ("rope", "alibi", "none")  # positions a cache can roll under (absolute ones are in every key)
+ROLLABLE = ("rope", "alibi", "none")  # absolute positions are part of every cached key
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None,
