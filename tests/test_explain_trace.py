@@ -19,6 +19,7 @@ from minitransformer.config import GPTConfig
 from minitransformer.models import GPT
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
+from minitransformer.viz.i18n import resolve
 from minitransformer.viz.page import embed_json, render_page
 from minitransformer.viz.trace import trace_gpt
 from minitransformer.viz.walkthrough import walkthrough_doc
@@ -125,7 +126,7 @@ def test_walkthrough_has_eight_steps_of_the_models_numbers(norm, pos):
     assert ("q-raw" in blocks) == (pos == "rope")
     assert ("alibi-bias" in blocks) == (pos == "alibi")
     assert ("positions" in blocks) == (pos in ("learned", "sinusoidal"))
-    residual = " ".join(doc["steps"][5]["formulas"])
+    residual = " ".join(resolve(doc)["steps"][5]["formulas"])
     assert ("LN\u2081(x + MultiHead(x))" in residual) == (norm == "post")
     json.loads(embed_json(doc))  # serialisable, masked scores included
 
@@ -150,7 +151,7 @@ def test_scaled_embeddings_are_traced_and_shown(pos):
     torch.testing.assert_close(trace.x0, internals.hidden_states[0][0])
     pos_part = trace.pos_emb if trace.pos_emb is not None else 0.0
     torch.testing.assert_close(trace.x0, raw * 4.0 + pos_part)
-    doc = walkthrough_doc(trace, tokenizer, model.config)
+    doc = resolve(walkthrough_doc(trace, tokenizer, model.config))
     steps = {s["id"]: s for s in doc["steps"]}
     embed = " ".join(steps["embed"]["formulas"])
     assert "\u221ad_model" in embed and "4" in embed
@@ -160,7 +161,8 @@ def test_scaled_embeddings_are_traced_and_shown(pos):
     assert "\u221ad_model" in " ".join(steps["positions"]["formulas"])
     # an unscaled model shows no scaling step
     plain, tokenizer = build("pre", pos)
-    plain_doc = walkthrough_doc(trace_gpt(plain, tokenizer, TEXT), tokenizer, plain.config)
+    plain_doc = resolve(walkthrough_doc(trace_gpt(plain, tokenizer, TEXT), tokenizer,
+                                        plain.config))
     plain_steps = {s["id"]: s for s in plain_doc["steps"]}
     assert "\u221ad_model" not in " ".join(plain_steps["embed"]["formulas"] +
                                             plain_steps["positions"]["formulas"])
@@ -194,7 +196,7 @@ def test_worked_example_numbers():
     torch.testing.assert_close(n["output"], torch.tensor(expected, dtype=torch.float64))
     assert n["output"][0].tolist() == pytest.approx([16.60, 26.60], abs=0.01)
     assert n["output"][1].tolist() == pytest.approx([23.40, 33.40], abs=0.01)
-    doc = worked_example_doc()
+    doc = resolve(worked_example_doc())
     formulas = " ".join(f for s in doc["steps"] for f in s["formulas"])
     assert "0.6698" in formulas and "16.60" in formulas and "33.40" in formulas
 

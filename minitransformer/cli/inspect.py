@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..families import load_run
 from ..viz.heatmap import save_attention_png
+from ..viz.i18n import LANGS, msg
 from ..viz.page import write_page
 from ..viz.worked import worked_example_doc
 from .flags import add_run_dir, add_which, nonneg_int
@@ -39,7 +40,7 @@ def cmd_explain(args) -> int:
     if args.worked_example:
         if args.dir or args.text is not None:
             raise UserError("--worked-example takes no checkpoint folder or --text")
-        write_page(worked_example_doc(), out)
+        write_page(worked_example_doc(), out, args.lang)
         print(f"wrote {out} (the worked example)")
         return 0
     if not args.dir:
@@ -50,8 +51,8 @@ def cmd_explain(args) -> int:
     run.family.require("explain")
     source = run.meta.get("data", {}).get("source") or str(args.dir)
     doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer, args.head,
-                             args.top_k, f"trained on {source}")
-    write_page(doc, out)
+                             args.top_k, msg("walk.trained_on", source=source))
+    write_page(doc, out, args.lang)
     print(f"wrote {out} ({len(doc['steps'])} steps, {doc['n_layer']} layers x "
           f"{doc['n_head']} heads); open it in a browser, no network needed")
     return 0
@@ -86,5 +87,8 @@ def add_explain(sub) -> None:
     e.add_argument("--head", type=nonneg_int, default=0, help="head shown first (default 0)")
     e.add_argument("--top-k", "--top_k", type=nonneg_int, default=10,
                    help="how many next-token probabilities to list (default 10)")
+    e.add_argument("--lang", choices=LANGS, default="en",
+                   help="the language the page opens in, en or zh (default en); a button on "
+                        "the page switches")
     add_which(e)
     e.set_defaults(func=cmd_explain)

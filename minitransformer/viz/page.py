@@ -5,6 +5,9 @@ a Content-Security-Policy that forbids them, so it works offline and from an ema
 The data sits in a ``<script type="application/json">`` element with ``<``, ``>`` and ``&``
 written as ``\\u003c`` etc., so no text in it (a prompt such as ``</script><script>...``) can
 end the element or be read as markup; the script builds the page with ``textContent`` only.
+
+Every sentence, label and button comes from the message catalogues (``i18n.py``); the page
+embeds them all, opens in the document's ``lang`` and switches language with its toggle.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from pathlib import Path
 from ..errors import UserError
 from ..io import atomic_write
 from .fonts import cjk_webfont
+from .i18n import HTML_LANG, LANG_NAMES, LANGS, msg, page_catalogues, render
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
 WEBFONT = "minitransformer-cjk"  # the family name of the embedded CJK subset
 
 TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
+<html lang="{html_lang}">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
@@ -39,18 +43,19 @@ TEMPLATE = """<!DOCTYPE html>
 </head>
 <body>
 <header><h1 id="title"></h1><p id="subtitle"></p></header>
-<nav id="toolbar" aria-label="walkthrough controls">
-  <button type="button" id="prev">&#9664; Previous</button>
-  <button type="button" id="next" class="primary">Next &#9654;</button>
-  <button type="button" id="play" aria-pressed="false">&#9654; Autoplay</button>
+<nav id="toolbar" aria-label="{ui[toolbar]}">
+  <button type="button" id="prev">{ui[prev]}</button>
+  <button type="button" id="next" class="primary">{ui[next]}</button>
+  <button type="button" id="play" aria-pressed="false">{ui[autoplay]}</button>
   <span id="counter"></span>
   <span id="selectors">
-    <label for="layer">layer</label> <select id="layer"></select>
-    <label for="head">head</label> <select id="head"></select>
+    <label for="layer" id="layer-label">{ui[layer]}</label> <select id="layer"></select>
+    <label for="head" id="head-label">{ui[head]}</label> <select id="head"></select>
   </span>
+  <button type="button" id="lang" title="{ui[switch]}">{other}</button>
   <span id="dots"></span>
 </nav>
-<main id="stage"><noscript>This walkthrough needs JavaScript.</noscript></main>
+<main id="stage"><noscript>{ui[noscript]}</noscript></main>
 <script type="application/json" id="explain-data">{data}</script>
 <script>
 {js}
@@ -106,19 +111,34 @@ def font_face(doc: dict) -> str:
             f"src: url(data:font/woff;base64,{data}) format(\"woff\"); }}\n")
 
 
-def render_page(doc: dict) -> str:
-    """The HTML text of a walkthrough described by ``doc`` (title, steps, blocks)."""
-    return TEMPLATE.format(csp=CSP, title=html.escape(doc.get("title", "walkthrough")),
+def _check_lang(lang: str) -> str:
+    if lang not in LANGS:
+        raise UserError(f"--lang {lang}: choose {' or '.join(LANGS)}")
+    return lang
+
+
+def render_page(doc: dict, lang: str | None = None) -> str:
+    """The HTML text of a walkthrough described by ``doc`` (title, steps, blocks), opening in
+    ``lang`` (default: the doc's own, else English)."""
+    lang = _check_lang(lang or doc.get("lang") or "en")
+    other = next(x for x in LANGS if x != lang)
+    doc = {**doc, "lang": lang, "i18n": page_catalogues()}
+    ui = {k: html.escape(render(msg(f"ui.{k}"), lang)) for k in
+          ("toolbar", "prev", "next", "autoplay", "layer", "head", "noscript")}
+    ui["switch"] = html.escape(render(msg("ui.switch", name=LANG_NAMES[other]), lang))
+    return TEMPLATE.format(csp=CSP, title=html.escape(render(doc.get("title", "walkthrough"),
+                                                             lang)),
+                           html_lang=HTML_LANG[lang], ui=ui, other=LANG_NAMES[other],
                            fontface=font_face(doc), css=_asset("explain.css"),
                            js=_asset("explain.js"), data=embed_json(doc))
 
 
-def write_page(doc: dict, out) -> Path:
-    """Write the page atomically to ``out``."""
+def write_page(doc: dict, out, lang: str | None = None) -> Path:
+    """Write the page atomically to ``out`` (opening in ``lang``, see ``render_page``)."""
     out = Path(out)
     if not out.parent.exists():
         raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
-    text = render_page(doc)
+    text = render_page(doc, lang)
 
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:

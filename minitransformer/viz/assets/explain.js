@@ -1,10 +1,26 @@
 // The walkthrough player. It reads the page's data from the JSON script element and builds
 // every element with createElement/textContent: no text from the data is ever parsed as HTML.
+// Sentences are messages {m: key, a: {name: value}} rendered from the embedded catalogue of
+// the language shown; the language toggle re-renders them and leaves the data untouched.
 (function () {
   "use strict";
   const DATA = JSON.parse(document.getElementById("explain-data").textContent);
-  const state = { step: 0, layer: DATA.layer || 0, head: DATA.head || 0, timer: null };
+  const I18N = DATA.i18n || { langs: ["en"], names: {}, html: {}, messages: { en: {} } };
+  const state = { step: 0, layer: DATA.layer || 0, head: DATA.head || 0, timer: null,
+                  lang: DATA.lang || I18N.langs[0] };
   const $ = (id) => document.getElementById(id);
+
+  // A message in the current language ({name} replaced by its argument, itself maybe a
+  // message); plain strings and numbers (formulas, tokens) come back as they are.
+  function tr(x) {
+    if (x === null || x === undefined) return "";
+    if (typeof x !== "object") return String(x);
+    const template = I18N.messages[state.lang][x.m];
+    if (template === undefined) return x.m;
+    return template.replace(/\{(\w+)\}/g, (all, name) =>
+      Object.prototype.hasOwnProperty.call(x.a || {}, name) ? tr(x.a[name]) : all);
+  }
+  const ui = (key, args) => tr({ m: "ui." + key, a: args || {} });
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -13,9 +29,9 @@
     return node;
   }
 
-  // "{layer}" and "{head}" in titles (never user text) follow the selection.
+  // "{layer}" and "{head}" in titles (left by tr, never user text) follow the selection.
   function fill(text) {
-    return String(text).replaceAll("{layer}", String(state.layer))
+    return tr(text).replaceAll("{layer}", String(state.layer))
       .replaceAll("{head}", String(state.head));
   }
 
@@ -51,7 +67,7 @@
     const showNumbers = cols <= 16 && values.length <= 40;
     let scale = 0;
     for (const row of values) for (const v of row) if (v !== null) scale = Math.max(scale, Math.abs(v));
-    const colLabels = block.cols || Array.from({ length: cols }, (_, j) => String(j));
+    const colLabels = (block.cols || Array.from({ length: cols }, (_, j) => String(j))).map(tr);
     const upright = colLabels.every((c) => c.length <= 2);
     const table = el("table", {
       id: block.id,
@@ -66,12 +82,12 @@
     table.appendChild(head);
     const body = el("tbody");
     values.forEach((row, i) => {
-      const tr = el("tr");
-      tr.appendChild(el("th", { scope: "row" }, block.rows ? block.rows[i] : String(i)));
+      const line = el("tr");
+      line.appendChild(el("th", { scope: "row" }, block.rows ? block.rows[i] : String(i)));
       row.forEach((v, j) => {
         const td = el("td", { "data-value": v === null ? "-Infinity" : v });
         td.title = `${block.rows ? block.rows[i] : i} \u2192 ${colLabels[j]}: ` +
-          (v === null ? "\u2212\u221e (masked)" : String(v));
+          (v === null ? ui("masked") : String(v));
         if (v === null) {
           td.className = "masked";
           if (showNumbers) td.textContent = "\u2212\u221e";
@@ -81,9 +97,9 @@
           if (dark) td.style.color = "#fff";
           if (showNumbers) td.textContent = fmt(v);
         }
-        tr.appendChild(td);
+        line.appendChild(td);
       });
-      body.appendChild(tr);
+      body.appendChild(line);
     });
     table.appendChild(body);
     return table;
@@ -94,7 +110,7 @@
     block.tokens.forEach((t, i) => {
       const chip = el("div", { class: "token", "data-index": i, "data-token-id": block.ids[i] });
       chip.appendChild(el("span", { class: "text" }, t));
-      chip.appendChild(el("span", { class: "id" }, `#${i} \u00b7 id ${block.ids[i]}`));
+      chip.appendChild(el("span", { class: "id" }, ui("token_id", { i: i, id: block.ids[i] })));
       box.appendChild(chip);
     });
     return box;
@@ -109,8 +125,8 @@
       const bar = el("span", { class: "bar" });
       bar.style.width = `${Math.max(2, Math.round(220 * it.prob / top))}px`;
       li.appendChild(bar);
-      li.appendChild(el("span", { class: "num" },
-        `${(100 * it.prob).toFixed(2)}%  (logit ${it.logit.toFixed(2)}, id ${it.id})`));
+      li.appendChild(el("span", { class: "num" }, ui("topk_num", {
+        pct: (100 * it.prob).toFixed(2), logit: it.logit.toFixed(2), id: it.id })));
       list.appendChild(li);
     });
     return list;
@@ -126,20 +142,21 @@
                                "data-step-id": s.id });
     sec.appendChild(el("h2", { id: "step-title" }, `${state.step + 1}. ${fill(s.title)}`));
     if (s.formulas && s.formulas.length) {
-      sec.appendChild(el("div", { class: "formula", id: "formulas" }, s.formulas.join("\n")));
+      sec.appendChild(el("div", { class: "formula", id: "formulas" },
+        s.formulas.map(tr).join("\n")));
     }
-    (s.text || []).forEach((p) => sec.appendChild(el("p", {}, p)));
+    (s.text || []).forEach((p) => sec.appendChild(el("p", {}, tr(p))));
     const blocks = el("div", { class: "blocks" });
     for (const b of s.blocks || []) {
       const card = el("div", { class: "block" });
       if (b.title) card.appendChild(el("h3", {}, fill(b.title)));
       card.appendChild(RENDER[b.kind](b));
-      if (b.note) card.appendChild(el("p", { class: "note" }, b.note));
+      if (b.note) card.appendChild(el("p", { class: "note" }, tr(b.note)));
       blocks.appendChild(card);
     }
     sec.appendChild(blocks);
     stage.appendChild(sec);
-    $("counter").textContent = `step ${state.step + 1} of ${DATA.steps.length}`;
+    $("counter").textContent = ui("counter", { i: state.step + 1, n: DATA.steps.length });
     $("prev").disabled = state.step === 0;
     $("next").disabled = state.step === DATA.steps.length - 1;
     document.querySelectorAll("#dots button").forEach((d, i) =>
@@ -154,14 +171,14 @@
   function stop() {
     if (state.timer !== null) clearInterval(state.timer);
     state.timer = null;
-    $("play").textContent = "\u25b6 Autoplay";
+    $("play").textContent = ui("autoplay");
     $("play").setAttribute("aria-pressed", "false");
   }
 
   function play() {
     if (state.timer !== null) return stop();
     if (state.step === DATA.steps.length - 1) go(0);
-    $("play").textContent = "\u23f8 Pause";
+    $("play").textContent = ui("pause");
     $("play").setAttribute("aria-pressed", "true");
     state.timer = setInterval(() => {
       if (state.step >= DATA.steps.length - 1) return stop();
@@ -170,26 +187,56 @@
   }
 
   function options(select, n, names, chosen) {
-    for (let i = 0; i < n; i++) select.appendChild(el("option", { value: i }, names[i]));
+    select.replaceChildren();
+    for (let i = 0; i < n; i++) select.appendChild(el("option", { value: i }, tr(names[i])));
     select.value = String(chosen);
   }
 
+  // Everything outside the step that has words: header, toolbar, selectors, the toggle.
+  function chrome() {
+    const lang = state.lang, other = I18N.langs.find((l) => l !== lang) || lang;
+    document.documentElement.lang = I18N.html[lang] || lang;
+    document.title = tr(DATA.title);
+    $("title").textContent = tr(DATA.title);
+    $("subtitle").textContent = tr(DATA.subtitle);
+    $("toolbar").setAttribute("aria-label", ui("toolbar"));
+    $("prev").textContent = ui("prev");
+    $("next").textContent = ui("next");
+    $("play").textContent = ui(state.timer === null ? "autoplay" : "pause");
+    $("layer-label").textContent = ui("layer");
+    $("head-label").textContent = ui("head");
+    options($("layer"), DATA.n_layer, DATA.layer_names ||
+      Array.from({ length: DATA.n_layer }, (_, i) => ({ m: "ui.layer_n", a: { n: String(i) } })),
+      state.layer);
+    options($("head"), DATA.n_head,
+      Array.from({ length: DATA.n_head }, (_, i) => ({ m: "ui.head_n", a: { n: String(i) } })),
+      state.head);
+    const toggle = $("lang");
+    toggle.hidden = other === lang;
+    toggle.textContent = I18N.names[other] || other;
+    toggle.setAttribute("lang", I18N.html[other] || other);
+    toggle.setAttribute("data-lang", other);
+    toggle.title = ui("switch", { name: I18N.names[other] || other });
+    document.querySelectorAll("#dots button").forEach((d, i) => { d.title = fill(DATA.steps[i].title); });
+  }
+
+  function switchLanguage() {
+    state.lang = $("lang").getAttribute("data-lang");
+    chrome();
+    render();
+  }
+
   function init() {
-    $("title").textContent = DATA.title;
-    $("subtitle").textContent = DATA.subtitle || "";
     const layers = $("layer"), heads = $("head");
-    options(layers, DATA.n_layer, DATA.layer_names ||
-      Array.from({ length: DATA.n_layer }, (_, i) => `layer ${i}`), state.layer);
-    options(heads, DATA.n_head,
-      Array.from({ length: DATA.n_head }, (_, i) => `head ${i}`), state.head);
     if (DATA.n_layer <= 1 && DATA.n_head <= 1) $("selectors").hidden = true;
     layers.addEventListener("change", () => { state.layer = Number(layers.value); render(); });
     heads.addEventListener("change", () => { state.head = Number(heads.value); render(); });
     $("prev").addEventListener("click", () => { stop(); go(state.step - 1); });
     $("next").addEventListener("click", () => { stop(); go(state.step + 1); });
     $("play").addEventListener("click", play);
+    $("lang").addEventListener("click", switchLanguage);
     DATA.steps.forEach((s, i) => {
-      const d = el("button", { type: "button", title: s.title, "data-goto": i }, String(i + 1));
+      const d = el("button", { type: "button", "data-goto": i }, String(i + 1));
       d.addEventListener("click", () => { stop(); go(i); });
       $("dots").appendChild(d);
     });
@@ -198,6 +245,7 @@
       if (e.key === "ArrowRight") { stop(); go(state.step + 1); }
       if (e.key === "ArrowLeft") { stop(); go(state.step - 1); }
     });
+    chrome();
     go(0);
     document.body.setAttribute("data-ready", "true");
   }
