@@ -80,6 +80,27 @@ def test_grid_is_layers_by_heads_labelled_with_tokens(zh_run):
     plt.close(fig)
 
 
+def test_labels_in_chinese_draw_with_no_missing_glyph(zh_run, tmp_path):
+    """attention --lang zh: panel titles, axis names and the colour bar from the zh catalogue."""
+    folder, model, tokenizer = zh_run
+    views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with plot_context(figure_texts(views, lang="zh")):
+            fig = attention_figure(views, lang="zh")
+            fig.canvas.draw()
+    assert [str(w.message) for w in caught] == []
+    panels = _panels(fig)
+    assert panels["attn:self-attention:2:1"].get_title() == "第 2 层，头 1"
+    assert panels["attn:self-attention:0:0"].get_ylabel() == "自注意力\n查询"
+    assert panels["attn:self-attention:2:0"].get_xlabel() == "键"
+    assert "注意力权重" in [ax.get_ylabel() for ax in fig.axes]  # the colour bar
+    plt.close(fig)
+    out = tmp_path / "zh.png"
+    assert main(["attention", str(folder), "--text", SENTENCE, "--out", str(out),
+                 "--lang", "zh"]) == 0 and out.stat().st_size > 1000
+
+
 def _draw_warnings(views, families=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -29,7 +29,7 @@ def cmd_attention(args) -> int:
     out = _check_suffix(args.out, ".png")
     run = load_run(args.dir, args.which, "cpu")
     views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
-    save_attention_png(views, out, args.layer, args.head, title=args.title)
+    save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
     shape = ", ".join(f"{v.name}: {v.n_layer} layers x {v.n_head} heads" for v in views)
     print(f"wrote {out} ({shape})")
     return 0
@@ -70,6 +70,8 @@ def add_attention(sub) -> None:
     a.add_argument("--layer", type=nonneg_int, default=None, help="only this layer")
     a.add_argument("--head", type=nonneg_int, default=None, help="only this head")
     a.add_argument("--title", default=None, help="a title above the grid")
+    a.add_argument("--lang", choices=LANGS, default="en",
+                   help="the language of the labels, en or zh (default en)")
     a.set_defaults(func=cmd_attention)
 
 

@@ -2,7 +2,8 @@
 
 Panel (l, h) shows softmax(Q K^T / sqrt(d_k)) of head h in layer l: row i is how query token i
 spreads its attention over the key tokens (each row sums to 1). Tokens label both axes.
-An encoder-decoder adds one block of rows per kind of attention.
+An encoder-decoder adds one block of rows per kind of attention. Labels come from the message
+catalogues (``i18n.py``), in English or Chinese.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from pathlib import Path
 
 from ..errors import UserError
 from .fonts import font_families
+from .i18n import msg, render
 from .views import AttentionView
 
 MAX_TICKS = 48  # beyond this many tokens, label every n-th one
+VIEW_KEYS = {"self-attention": "heat.view.self", "encoder self-attention": "heat.view.encoder",
+             "decoder self-attention": "heat.view.decoder", "cross-attention": "heat.view.cross"}
 
 
 def _select(n: int, chosen: int | None, what: str) -> list[int]:
@@ -31,9 +35,15 @@ def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
     return pos, [labels[i] for i in pos]
 
 
+def view_title(name: str, lang: str = "en") -> str:
+    """The name of a kind of attention in ``lang`` (the catalogue's, else as it is)."""
+    key = VIEW_KEYS.get(name)
+    return render(msg(key), lang) if key else name
+
+
 def attention_figure(views: list[AttentionView], layer: int | None = None,
-                     head: int | None = None, title: str | None = None):
-    """A matplotlib Figure with one panel per (view, layer, head).
+                     head: int | None = None, title: str | None = None, lang: str = "en"):
+    """A matplotlib Figure with one panel per (view, layer, head), labelled in ``lang``.
 
     Each panel axes has ``get_gid() == "attn:<view>:<layer>:<head>"`` so callers can find it.
     Call inside ``plot_context`` (``save_attention_png`` does) so CJK labels have a font.
@@ -64,24 +74,27 @@ def attention_figure(views: list[AttentionView], layer: int | None = None,
                           fontsize=8)
             ax.set_yticks(yp, yl, fontsize=8)
             ax.tick_params(length=0)
-            ax.set_title(f"layer {li}, head {hi}", fontsize=9)
+            ax.set_title(render(msg("heat.panel", i=li, j=hi), lang), fontsize=9)
             if c == 0:
-                ax.set_ylabel(f"{view.name}\nquery", fontsize=9)
+                ax.set_ylabel(render(msg("heat.query", view=view_title(view.name, lang)), lang),
+                              fontsize=9)
             if r == len(rows) - 1 or rows[r + 1][0] is not view:
-                ax.set_xlabel("key", fontsize=9)
+                ax.set_xlabel(render(msg("heat.key"), lang), fontsize=9)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1 - 0.9 / fig.get_figwidth(), 1))
     cax = fig.add_axes((1 - 0.7 / fig.get_figwidth(), 0.15, 0.15 / fig.get_figwidth(), 0.7))
-    fig.colorbar(image, cax=cax, label="attention weight")
+    fig.colorbar(image, cax=cax, label=render(msg("heat.colorbar"), lang))
     return fig
 
 
-def figure_texts(views: list[AttentionView], title: str | None = None) -> list[str]:
+def figure_texts(views: list[AttentionView], title: str | None = None,
+                 lang: str = "en") -> list[str]:
     """Every string the figure will draw (for choosing fonts)."""
-    texts = [title or ""]
+    texts = [title or ""] + [render(msg(k), lang) for k in ("heat.panel", "heat.key",
+                                                             "heat.colorbar")]
     for v in views:
-        texts += v.query_labels + v.key_labels + [v.name]
+        texts += v.query_labels + v.key_labels + [view_title(v.name, lang)]
     return texts
 
 
@@ -93,15 +106,16 @@ def plot_context(texts):
 
 
 def save_attention_png(views: list[AttentionView], out, layer: int | None = None,
-                       head: int | None = None, title: str | None = None) -> Path:
-    """Draw the attention grid and write it to ``out`` (a .png path)."""
+                       head: int | None = None, title: str | None = None,
+                       lang: str = "en") -> Path:
+    """Draw the attention grid and write it to ``out`` (a .png path), labels in ``lang``."""
     import matplotlib.pyplot as plt
 
     out = Path(out)
     if out.parent and not out.parent.exists():
         raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
-    with plot_context(figure_texts(views, title)):
-        fig = attention_figure(views, layer, head, title)
+    with plot_context(figure_texts(views, title, lang)):
+        fig = attention_figure(views, layer, head, title, lang)
         try:
             fig.savefig(out)
         except OSError as e:
