@@ -61,7 +61,8 @@ class GPTConfig:
     """A decoder-only language model (GPT-2 when the defaults are kept)."""
 
     vocab_size: int = 65
-    """vocabulary size (set from the tokenizer when training)"""
+    """vocabulary size: with --tokenizer bpe the number of entries to learn (default 1024;
+    seq2seq: its preset's), otherwise set from the tokenizer"""
     block_size: int = 256
     """context length T in tokens"""
     n_layer: int = 6

@@ -68,6 +68,18 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write(path, write)
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object; unreadable or another shape is a UserError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return value
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 

@@ -1,6 +1,6 @@
 """The first thing to run: teach a small encoder-decoder to copy or reverse random sequences.
 
-    python -m minitransformer.toy --task reverse       # about 20-30 seconds on a CPU
+    minitransformer toy --task reverse       # about 20-30 seconds on a CPU
 
 Like the Annotated Transformer's copy task, the data is generated in code: sources are random
 strings of symbols 3 .. vocab_size-1 (0, 1, 2 are <pad>, <s>, </s>), targets are the same
@@ -27,6 +27,7 @@ from .models.decoding import beam_search, greedy_decode
 from .models.seq2seq import Seq2SeqTransformer
 
 ToyTask = Literal["copy", "reverse"]
+TASKS = ("copy", "reverse")
 PAD, BOS, EOS = 0, 1, 2
 
 
@@ -105,25 +106,30 @@ def exact_match(model: Seq2SeqTransformer, task: ToyTask, n: int = 500, max_leng
     return right / n
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minitransformer.toy",
-                                description="Train an encoder-decoder to copy or reverse "
-                                            "random sequences (the first thing to run).")
-    p.add_argument("--task", choices=["copy", "reverse"], default="reverse")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+def run_toy(task: str = "reverse", steps: int = 400, seed: int = 0, echo=print) -> int:
+    """Train the toy task and show what the model does with it (``minitransformer toy``)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a model this small runs fastest on one thread
     t0 = time.perf_counter()
-    model = train_toy(args.task, args.steps, seed=args.seed, log=print)
-    print(f"trained {model.num_params():,} parameters in {time.perf_counter() - t0:.1f}s")
-    src, _, _ = toy_batch(args.task, 3, generator=torch.Generator().manual_seed(7))
+    model = train_toy(task, steps, seed=seed, log=echo)
+    echo(f"trained {model.num_params():,} parameters in {time.perf_counter() - t0:.1f}s")
+    src, _, _ = toy_batch(task, 3, generator=torch.Generator().manual_seed(7))
     for s, out in zip(src, greedy_decode(model, src).tokens, strict=True):
-        print(f"  {s[s > EOS].tolist()} -> {out}")
-    print(f"exact match, greedy: {exact_match(model, args.task):.1%}; "
-          f"beam 4: {exact_match(model, args.task, beam_size=4):.1%}")
+        echo(f"  {s[s > EOS].tolist()} -> {out}")
+    echo(f"exact match, greedy: {exact_match(model, task):.1%}; "
+         f"beam 4: {exact_match(model, task, beam_size=4):.1%}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m minitransformer.toy``: the same as ``minitransformer toy``."""
+    p = argparse.ArgumentParser(prog="python -m minitransformer.toy",
+                                description="The same as: minitransformer toy --help")
+    p.add_argument("--task", choices=TASKS, default="reverse")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    return run_toy(args.task, args.steps, args.seed)
 
 
 if __name__ == "__main__":

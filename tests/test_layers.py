@@ -23,7 +23,7 @@ MIDDLE = {"training", "viz", "interop"}
 # layer -> the layers it may import (itself always allowed)
 LAYERS: dict[str, set[str]] = {
     "__main__": {"cli"},
-    "cli": {"experiments", "serve", "families", *MIDDLE, "models", "nn", *SIDE},
+    "cli": {"experiments", "serve", "families", "toy", *MIDDLE, "models", "nn", *SIDE},
     "experiments": {"families", *MIDDLE, "models", "nn", *SIDE},
     "serve": {"families", *MIDDLE, "models", "nn", *SIDE},
     "toy": {"models", "nn", *SIDE},  # python -m minitransformer.toy: the copy task

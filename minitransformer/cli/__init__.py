@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UserError
-from . import compare, evaluate, generate, hf, inspect, train
+from . import compare, evaluate, generate, hf, inspect, presets, toy, train
 from .flags import Parser
 
 # command -> the function that adds its parser (each parser names its handler as ``func``)
@@ -23,6 +23,8 @@ COMMANDS = {
     "compare": compare.add_parser,
     "embed": hf.add_embed,
     "export": hf.add_export,
+    "presets": presets.add_parser,
+    "toy": toy.add_parser,
 }
 
 
@@ -35,6 +37,7 @@ def build_parser() -> Parser:
     sub.required = True
     for add in COMMANDS.values():
         add(sub)
+    parser.canonicalise()
     return parser
 
 

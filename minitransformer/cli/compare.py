@@ -1,7 +1,7 @@
 """``minitransformer compare``: train variants side by side (experiments/compare.py).
 
     minitransformer compare --data shakespeare --vary pos_encoding=sinusoidal,learned,rope,alibi \\
-        --preset cpu-small --time-budget 45s --eval-lengths 64,128,256,512 --out runs/pos
+        --preset cpu-small --time_budget 45s --eval_lengths 64,128,256,512 --out runs/pos
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     c = sub.add_parser(
         "compare", help="train variants side by side: loss curves, table, extrapolation",
         usage="minitransformer compare --data CORPUS --vary FIELD=a,b,... --out DIR "
-              "[--time-budget 60s | --max-iters N] [--preset NAME] [--eval-lengths 64,128,...] "
+              "[--time_budget 60s | --max_iters N] [--preset NAME] [--eval_lengths 64,128,...] "
               "[--FIELD VALUE ...]",
         description="Train one model per combination of the --vary lists, each on the same "
                     "batches and from the same initial values for every parameter they share, "
@@ -44,13 +44,14 @@ def add_parser(sub) -> None:
                    help="model family (default gpt)")
     c.add_argument("--preset", default=None,
                    help="named settings for every variant (default cpu-small; with "
-                        "--time-budget and no preset the model is sized to the budget)")
-    c.add_argument("--eval-lengths", "--eval_lengths", default=None, metavar="N,N,...",
+                        "--time_budget and no preset the model is sized to the budget)")
+    c.add_argument("--eval_lengths", default=None, metavar="N,N,...",
                    help="also evaluate each best model on windows of these lengths "
                         "(beyond the training context: length extrapolation)")
     c.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                    help="char (default) or byte-level BPE with --vocab_size entries")
-    c.add_argument("--encoding", default="utf-8", help="text encoding of the corpus")
+    c.add_argument("--encoding", default="utf-8",
+                   help="text encoding of the corpus (default utf-8)")
     c.add_argument("--force", action="store_true", help="replace runs already in --out")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     add_early_stop(c)
@@ -90,10 +91,10 @@ def parse_lengths(text: str | None) -> list[int]:
     try:
         lengths = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise UserError(f"--eval-lengths {text!r}: write whole numbers, e.g. 64,128,256") \
+        raise UserError(f"--eval_lengths {text!r}: write whole numbers, e.g. 64,128,256") \
             from None
     if not lengths or lengths[0] <= 0:
-        raise UserError(f"--eval-lengths {text!r}: lengths must be positive")
+        raise UserError(f"--eval_lengths {text!r}: lengths must be positive")
     return lengths
 
 
@@ -108,7 +109,7 @@ def _base_settings(family, args, given: dict):
         return base, prepared
     base = family.preset(args.preset)
     if "max_iters" in given and "time_budget" not in given:
-        base.pop("time_budget", None)  # --max-iters N: a run of N steps, not of a time
+        base.pop("time_budget", None)  # --max_iters N: a run of N steps, not of a time
     prepared = family.prepare(source, args.encoding, split_for(family, {**base, **given})[0],
                               args.tokenizer)
     return base, prepared

@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
     e.add_argument("--data", default=None, help="corpus (default: the one it was trained on)")
     e.add_argument("--encoding", default=None,
                    help="text encoding of --data (default: the run's)")
-    e.add_argument("--eval-iters", "--eval_iters", type=positive_int, default=None,
+    e.add_argument("--eval_iters", type=positive_int, default=None,
                    help="batches averaged for the val loss (default: the run's eval_iters)")
-    e.add_argument("--batch-size", "--batch_size", type=positive_int, default=None,
+    e.add_argument("--batch_size", type=positive_int, default=None,
                    help="batch size of the val loss (default: the run's batch_size)")
     e.add_argument("--seed", type=int, default=None,
                    help="seed of the val batches (default 0, as in training)")

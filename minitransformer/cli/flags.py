@@ -1,8 +1,11 @@
 """Flags built from the config dataclasses, and the small argument types every command shares.
 
-A config field is a flag under its own name (``--n_layer`` and ``--n-layer`` both work); its
-help is the docstring written under the field in its dataclass, so help text lives beside
-the field it describes and nowhere else.
+One flag style, made here: every flag is registered once, under its ``_`` spelling (a config
+field's own name: ``--n_layer``), and ``Parser`` reads ``--n-layer`` as the same flag, for
+every command. Help lists that one spelling and ends each line with the default. A config
+field's help is the docstring written under the field in its dataclass, so help text lives
+beside the field it describes and nowhere else. Booleans read true/false, on/off, yes/no,
+1/0 everywhere. An argparse error is one line on stderr and a pointer to ``--help``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from ..config import parse_duration
 from ..errors import ConfigError
 
 SET_BY_TOKENIZER = {"pad_id", "bos_id", "eos_id", "mask_id"}  # never flags
+NO_DEFAULT = {"vocab_size"}  # the tokenizer decides; the help says how
 DEVICES = ["auto", "cpu", "cuda", "mps"]
+ALIASES = {"--lr": "--learning_rate"}  # names people bring from other tools
 
 
 def parse_bool(text: str) -> bool:
@@ -60,9 +65,12 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def names(flag: str) -> list[str]:
-    """['--max_iters', '--max-iters']: both spellings of a flag."""
-    return [f"--{flag}"] + ([f"--{flag.replace('_', '-')}"] if "_" in flag else [])
+def on_off(text: str) -> str:
+    """auto / on / off, where on and off take every boolean spelling (--compile=False)."""
+    value = str(text).strip().lower()
+    if value == "auto":
+        return value
+    return "on" if parse_bool(value) else "off"
 
 
 @cache
@@ -81,7 +89,8 @@ def field_docs(cls) -> dict[str, str]:
 def field_type(hint):
     """argparse (type, choices) for a dataclass field's type hint."""
     if typing.get_origin(hint) is Literal:
-        return str, list(get_args(hint))
+        choices = list(get_args(hint))
+        return (on_off if {"on", "off"} <= set(choices) else str), choices
     args = [a for a in get_args(hint) if a is not type(None)]
     base = args[0] if args else hint
     if base is bool:
@@ -91,9 +100,19 @@ def field_type(hint):
     return str, None
 
 
-def add_config_flags(parser: argparse.ArgumentParser, groups: list[tuple[type, str]]) -> None:
+def default_text(value) -> str:
+    """' (default 500)', or '' when there is nothing to show."""
+    if value in (None, dataclasses.MISSING, argparse.SUPPRESS):
+        return ""
+    return f" (default {value})"
+
+
+def add_config_flags(parser: argparse.ArgumentParser, groups: list[tuple[type, str]],
+                     shown: dict | None = None) -> None:
     """One flag per field of the given config classes (a field shared by several classes is
-    added once, under the first); values stay unset unless given (argparse.SUPPRESS)."""
+    added once, under the first); values stay unset unless given (argparse.SUPPRESS).
+    ``shown`` overrides the defaults the help shows (a preset's values)."""
+    shown = shown or {}
     seen = set(SET_BY_TOKENIZER)
     for cls, title in groups:
         fields = [f for f in dataclasses.fields(cls) if f.name not in seen]
@@ -107,9 +126,8 @@ def add_config_flags(parser: argparse.ArgumentParser, groups: list[tuple[type, s
             kind, choices = field_type(hints[f.name])
             if f.name == "time_budget":
                 kind = duration
-            default = "" if f.default in (None, dataclasses.MISSING) else \
-                f" (default {f.default})"
-            group.add_argument(*names(f.name), dest=f.name, type=kind, choices=choices,
+            default = "" if f.name in NO_DEFAULT else default_text(shown.get(f.name, f.default))
+            group.add_argument(f"--{f.name}", dest=f.name, type=kind, choices=choices,
                                default=argparse.SUPPRESS, metavar=None if choices else "V",
                                help=docs.get(f.name, f.name) + default)
 
@@ -143,26 +161,81 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """Beam search flags, for translate and for evaluate of an encoder-decoder."""
     g = parser.add_argument_group("decoding (encoder-decoder runs)")
     g.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)")
-    g.add_argument("--length-penalty", "--length_penalty", type=float, default=None,
+    g.add_argument("--length_penalty", type=float, default=None,
                    help="GNMT length penalty alpha for beam search, 0 = off (default 0.6, "
                         "as in the paper)")
-    g.add_argument("--max-len", "--max_len", type=int, default=None,
+    g.add_argument("--max_len", type=int, default=None,
                    help="longest translation in tokens (default 1.5 x source + 10)")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Wider help, so that flag names and their help read on one line where they fit."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=34, width=100)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that suggests the closest flag for a misspelt one."""
+    """argparse with one flag style, one-line errors, and the closest flag for a misspelt one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # a prefix is not a flag: --lr is an alias
+        super().__init__(*args, **kwargs)
+
+    def spell(self, arg: str) -> str:
+        """--n-layer -> --n_layer (and aliases such as --lr) where this parser knows it."""
+        if not arg.startswith("--") or arg == "--":
+            return arg
+        flag, eq, value = arg.partition("=")
+        underscored = "--" + flag[2:].replace("-", "_")
+        for candidate in (flag, underscored, ALIASES.get(underscored)):
+            if candidate in self._option_string_actions:
+                return candidate + eq + value
+        return arg
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args([self.spell(str(a)) for a in args], namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        """Unrecognized flags are reported by the subcommand they were given to."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub = self._subcommands().get(getattr(parsed, "command", None), self)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+    def canonicalise(self) -> None:
+        """Show each flag under one spelling, the field name's (``--max_new_tokens``), where a
+        command registered both; ``spell`` still reads either, here and in subcommands."""
+        for parser in (self, *self._subcommands().values()):
+            for action in parser._actions:
+                longs = [o for o in action.option_strings if o.startswith("--")]
+                if len(longs) > 1:
+                    keep = next((o for o in longs if "-" not in o[2:]), longs[0])
+                    action.option_strings = [o for o in action.option_strings
+                                             if not o.startswith("--") or o == keep]
+
+    def _subcommands(self) -> dict:
+        for a in self._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                return dict(a.choices)
+        return {}
 
     def error(self, message):
         if "unrecognized arguments" in message:
-            known = [s for a in self._actions for s in a.option_strings]
-            for a in self._actions:  # flags of the subcommands too
-                for sub in (getattr(a, "choices", None) or {}).values():
-                    if isinstance(sub, argparse.ArgumentParser):
-                        known += [s for b in sub._actions for s in b.option_strings]
-            words = message.split(":", 1)[1].split()
-            hints = [difflib.get_close_matches(w.split("=")[0], known, n=1) for w in words]
-            hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints, strict=True) if h]
-            if hints:
-                message += f" (did you mean: {', '.join(hints)}?)"
-        super().error(message)
+            message += self._suggestions(message)
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _suggestions(self, message: str) -> str:
+        known = [s for a in self._actions for s in a.option_strings] + list(ALIASES)
+        for sub in self._subcommands().values():  # flags of the subcommands too
+            known += [s for b in sub._actions for s in b.option_strings]
+        words = [w for w in message.split(":", 1)[1].split() if w.startswith("--")]
+        hints = [difflib.get_close_matches("--" + w.split("=")[0][2:].replace("-", "_"), known,
+                                           n=1) for w in words]
+        hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints, strict=True) if h]
+        return f" (did you mean: {', '.join(hints)}?)" if hints else ""

@@ -2,7 +2,7 @@
 
     minitransformer attention runs/shakespeare --text "ROMEO: But soft" --out attn.png
     minitransformer explain runs/shakespeare --text "ROMEO:" --out walkthrough.html
-    minitransformer explain --worked-example --out worked.html
+    minitransformer explain --worked_example --out worked.html
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def cmd_attention(args) -> int:
     run = load_run(args.dir, args.which, "cpu")
     views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
     save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
+    shown = [f"layer {args.layer}" if args.layer is not None else "every layer",
+             f"head {args.head}" if args.head is not None else "every head"]
     shape = ", ".join(f"{v.name}: {v.n_layer} layers x {v.n_head} heads" for v in views)
-    print(f"wrote {out} ({shape})")
+    print(f"wrote {out} ({' and '.join(shown)} of {shape})")
     return 0
 
 
@@ -39,12 +41,12 @@ def cmd_explain(args) -> int:
     out = _check_suffix(args.out, ".html")
     if args.worked_example:
         if args.dir or args.text is not None:
-            raise UserError("--worked-example takes no checkpoint folder or --text")
+            raise UserError("--worked_example takes no checkpoint folder or --text")
         write_page(worked_example_doc(), out, args.lang)
         print(f"wrote {out} (the worked example)")
         return 0
     if not args.dir:
-        raise UserError("give a checkpoint folder (or --worked-example)")
+        raise UserError("give a checkpoint folder (or --worked_example)")
     if args.text is None:
         raise UserError("give the text to walk through with --text")
     run = load_run(args.dir, args.which, "cpu")
@@ -79,15 +81,15 @@ def add_explain(sub) -> None:
     e = sub.add_parser("explain", help="an offline HTML walkthrough of the forward pass",
                        description="Write one self-contained HTML page that walks through "
                        "the model's real forward pass on TEXT in 8 steps, or the worked "
-                       "example of attention by hand (--worked-example).")
+                       "example of attention by hand (--worked_example).")
     e.add_argument("dir", nargs="?", default=None, help="run folder (or checkpoint folder)")
     e.add_argument("--text", default=None, help="the text to walk through")
     e.add_argument("--out", required=True, help="HTML file to write")
-    e.add_argument("--worked-example", "--worked_example", action="store_true",
+    e.add_argument("--worked_example", action="store_true",
                    help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
     e.add_argument("--layer", type=nonneg_int, default=0, help="layer shown first (default 0)")
     e.add_argument("--head", type=nonneg_int, default=0, help="head shown first (default 0)")
-    e.add_argument("--top-k", "--top_k", type=nonneg_int, default=10,
+    e.add_argument("--top_k", type=nonneg_int, default=10,
                    help="how many next-token probabilities to list (default 10)")
     e.add_argument("--lang", choices=LANGS, default="en",
                    help="the language the page opens in, en or zh (default en); a button on "

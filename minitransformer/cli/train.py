@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..experiments.runs import TrainRequest, train_run
-from ..families import FAMILIES
+from ..families import FAMILIES, choose_family
 from ..tokenizers import TOKENIZERS
 from .flags import add_config_flags, config_values
 
@@ -32,7 +32,7 @@ CONFIG_GROUPS = _config_groups()
 
 
 def add_early_stop(parser) -> None:
-    parser.add_argument("--early_stop", "--early-stop", action="store_true",
+    parser.add_argument("--early_stop", action="store_true",
                         help="stop when val loss has risen while train loss fell for 3 "
                              "evaluations in a row (the best model is kept either way)")
 
@@ -42,13 +42,16 @@ def add_parser(sub) -> None:
         "train", help="train a model on a corpus (any family), or resume a run",
         usage="minitransformer train --data CORPUS --out DIR [--preset NAME] "
               "[--model gpt|encoder|seq2seq] [--resume] [--FIELD VALUE ...]",
-        description="Train a model. Any config field is a flag: --n_layer 4 ...")
+        description="Train a model. Any config field is a flag: --n_layer 4 ... The defaults "
+                    "shown are those of the default preset, cpu-small, of the GPT family "
+                    "(fields of the other families: their own cpu-small); every preset's "
+                    "values: minitransformer presets. A flag given wins over the preset.")
     t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings, "
                    "bible_en_es) or a path (default shakespeare; bible_en_es for seq2seq; on "
                    "--resume, the run's own corpus)")
-    t.add_argument("--data-tgt", "--data_tgt", default=None, metavar="FILE",
+    t.add_argument("--data_tgt", default=None, metavar="FILE",
                    help="seq2seq from two aligned files: --data has the source sentences, "
-                        "--data-tgt the target sentences, one per line")
+                        "--data_tgt the target sentences, one per line")
     t.add_argument("--out", required=True, help="run folder to write")
     t.add_argument("--model", default=None, choices=list(FAMILIES),
                    help="model family (default gpt; sentence pairs imply seq2seq; on "
@@ -58,15 +61,30 @@ def add_parser(sub) -> None:
                        f"{name}: {', '.join(f.presets)}" for name, f in FAMILIES.items()))
     t.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                    help="char: one id per character (default); bpe: byte-level BPE trained "
-                        "on the corpus, --vocab-size entries (default 1024; seq2seq always "
+                        "on the corpus, --vocab_size entries (default 1024; seq2seq always "
                         "uses a joint BPE)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--force", action="store_true", help="replace a run already in --out")
-    t.add_argument("--encoding", default=None, help="text encoding of the corpus (utf-8)")
+    t.add_argument("--encoding", default=None, help="text encoding of the corpus "
+                   "(default utf-8)")
+    t.add_argument("--newline", choices=["normalize", "keep"], default=None,
+                   help="normalize: read Windows (CRLF) line ends as \\n, saying so; keep: "
+                        "train on them as they are (default normalize)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_early_stop(t)
-    add_config_flags(t, CONFIG_GROUPS)
+    add_config_flags(t, CONFIG_GROUPS, preset_defaults())
     t.set_defaults(func=cmd_train)
+
+
+def preset_defaults() -> dict:
+    """The values train uses when no preset is named: the default family's default preset
+    (and, for fields only another family has, that family's)."""
+    first = choose_family(None)
+    shown = first.preset(None)
+    for family in FAMILIES.values():
+        own = set(family.field_names()) - set(first.field_names())
+        shown.update({k: v for k, v in family.preset(None).items() if k in own})
+    return shown
 
 
 def cmd_train(args) -> int:
@@ -74,6 +92,7 @@ def cmd_train(args) -> int:
     request = TrainRequest(
         out=Path(args.out), model=args.model, data=args.data, data_tgt=args.data_tgt,
         encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
+        newline=args.newline,
         fields=config_values(args, classes), resume=args.resume, force=args.force,
         quiet=args.quiet, early_stop=args.early_stop)
     return train_run(request)

@@ -14,8 +14,16 @@ from .parallel_corpus import (
     load_parallel,
     split_indices,
 )
-from .text import BUNDLED, check_length, corpus_path, get_batch, load_text, split_ids
+from .text import (
+    BUNDLED,
+    check_length,
+    corpus_path,
+    get_batch,
+    load_text,
+    normalize_newlines,
+    split_ids,
+)
 
 __all__ = ["BUNDLED", "ParallelCorpus", "ParallelDataConfig", "bucket_batches", "check_length",
            "collate", "corpus_path", "encode_pairs", "get_batch", "load_parallel", "load_text",
-           "split_ids", "split_indices"]
+           "normalize_newlines", "split_ids", "split_indices"]

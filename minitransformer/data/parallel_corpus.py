@@ -80,9 +80,13 @@ def _column(spec: str, header: list[str] | None, shown: str, role: str) -> int:
     if spec.isdigit():
         return int(spec)
     if header is None or spec not in header:
-        where = f"its header has {', '.join(header)}" if header else "it has no header"
-        raise UserError(f"{shown}: no column named {spec!r} for the {role} ({where}); "
-                        f"name a column, or give an index: --{role} 0")
+        if header is None:
+            hint = f"it has no header; give an index: --{role} {0 if role == 'src' else 1}"
+        else:
+            texts = [h for h in header if h.strip().lower() not in ("ref", "id")] or header
+            pick = texts[0] if role == "src" or len(texts) == 1 else texts[1]
+            hint = f"its header has {', '.join(header)}; name a column: --{role} {pick}"
+        raise UserError(f"{shown}: no column named {spec!r} for the {role} ({hint})")
     return header.index(spec)
 
 

@@ -53,6 +53,19 @@ def load_text(source: str, encoding: str = "utf-8") -> str:
     return text
 
 
+def normalize_newlines(text: str, mode: str = "normalize") -> tuple[str, int]:
+    """(text, how many CRLF / CR line ends became '\n'); mode "keep" leaves the text as is.
+
+    Windows files end lines with '\r\n'; kept, the '\r' becomes a vocabulary entry that
+    the model must learn to emit before every newline."""
+    if mode == "keep":
+        return text, 0
+    if mode != "normalize":
+        raise UserError(f"--newline must be normalize or keep, got {mode!r}")
+    n = text.count("\r")
+    return (text.replace("\r\n", "\n").replace("\r", "\n") if n else text), n
+
+
 def split_ids(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
     """First 90% for training, the last 10% for validation (nanoGPT's split)."""
     n = int(len(ids) * (1 - val_fraction))

@@ -243,8 +243,9 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
     reg = "no dropout" if dropout == 0 else f"dropout {dropout}"
     f = out
     lines.append(f"picked {f['n_layer']} layers x {f['n_embd']} wide ({f['n_head']} heads), "
-                 f"context {f['block_size']}, batch {batch}, lr {lr:g}: {why}; about "
-                 f"{steps:,} steps and {epochs:.1f} epochs, so {reg}; evaluating every "
+                 f"context {f['block_size']}, batch {batch}, lr {lr:g}: {why}; at most "
+                 f"{steps:,} steps and {epochs:.1f} epochs at the probe's speed (logging, "
+                 f"checkpoints and a busy machine make it fewer), so {reg}; evaluating every "
                  f"{eval_interval} steps on {eval_iters} batches"
                  + ("; no torch.compile in so short a run" if f.get("compile") == "off"
                     and "compile" not in train_over else ""))
@@ -257,7 +258,7 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
 
 def autosize_for_train(train_tokens: int, val_tokens: int, vocab_size: int, model_over: dict,
                        train_over: dict, echo=print) -> dict:
-    """``train --time-budget`` without ``--preset``: the settings to use, said out loud."""
+    """``train --time_budget`` without ``--preset``: the settings to use, said out loud."""
     from ..training.device import pick_device, pick_dtype, set_threads
 
     set_threads()  # time with the threads training will use

@@ -8,7 +8,7 @@
     each run   the normal trainer writes DIR/<variant>/ (best model on top, checkpoints/,
                log.csv, loss.png), health guard included
     results    final and best val loss, tokens/s, parameters, and the val loss at each
-               --eval-lengths window (the best model), in results.md / results.csv / .json
+               --eval_lengths window (the best model), in results.md / results.csv / .json
 
 The family (``families/``) supplies the corpus, the model and the task; nothing here knows
 what a GPT is.

@@ -24,6 +24,7 @@ from ..families import FAMILIES, Family, choose_family, family_of
 from ..families.base import train_config
 from ..training import checkpoint as ckpt
 from ..training.health import HealthGuard
+from ..training.run import check_out_dir, learning_rate
 from ..training.trainer import train
 from .autosize import autosize_for_train
 
@@ -39,6 +40,7 @@ class TrainRequest:
     encoding: str | None = None
     preset: str | None = None
     tokenizer: str | None = None
+    newline: str | None = None  # normalize (default) or keep CRLF line ends
     fields: dict = field(default_factory=dict)  # config fields given, of any config class
     resume: bool = False
     force: bool = False
@@ -81,7 +83,7 @@ def new_run(req: TrainRequest, echo=print):
     model_f, train_f = split_for(family, {**base, **req.fields})
     train_cfg = _train_config(train_f)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
-                              model_f, req.tokenizer, req.data_tgt)
+                              model_f, req.tokenizer, req.data_tgt, req.newline)
     sized = family.can_autosize and req.preset is None and "time_budget" in req.fields
     if sized:
         given_model, given_train = split_for(family, req.fields)
@@ -97,7 +99,8 @@ def new_run(req: TrainRequest, echo=print):
 
 
 def resumed_run(req: TrainRequest):
-    """(family, prepared, built, train_cfg) for ``--resume`` from the newest checkpoint."""
+    """(family, prepared, built, train_cfg, saved meta) for ``--resume`` from the newest
+    checkpoint."""
     found = ckpt.list_checkpoints(req.out)
     if not found:
         raise UserError(f"nothing to resume in {req.out}: it has no checkpoints/ folder")
@@ -121,6 +124,8 @@ def resumed_run(req: TrainRequest):
     if not source:
         raise UserError(f"{found[-1]}/config.json does not name its corpus; pass --data")
     tokenizer = ckpt.read_tokenizer(found[-1])
+    if req.newline is not None and req.newline != data.get("newline", "normalize"):
+        raise UserError("--resume keeps the run's --newline; drop it")
     prepared = family.reopen(meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt)
     train_cfg = train_config(meta, train_f)
@@ -128,17 +133,62 @@ def resumed_run(req: TrainRequest):
         built = family.build(prepared, saved, train_cfg.seed)
     except (KeyError, TypeError) as e:
         raise UserError(f"{found[-1]}/config.json is damaged ({e}); cannot resume") from None
-    return family, prepared, built, train_cfg
+    if "preset" in meta:
+        built.meta["preset"] = meta["preset"]
+    return family, prepared, built, train_cfg, meta
+
+
+def _progress(cfg: TrainConfig, step: int, seconds: float) -> float:
+    return seconds / cfg.time_budget if cfg.time_budget else step / cfg.max_iters
+
+
+def resume_notes(meta: dict, state: dict, train_cfg: TrainConfig, model) -> list[str]:
+    """What a resume changes in the schedule, said before training (empty when nothing)."""
+    old = train_config(meta)
+    step, seconds = state.get("step", 0), state.get("train_seconds", 0.0)
+    changed = [k for k in ("max_iters", "time_budget", "learning_rate", "min_lr")
+               if getattr(old, k) != getattr(train_cfg, k)]
+    if not changed:
+        return []
+    before = learning_rate(old, step, _progress(old, step, seconds), model)
+    after = learning_rate(train_cfg, step, _progress(train_cfg, step, seconds), model)
+    what = ", ".join(f"{k} {getattr(old, k)} -> {getattr(train_cfg, k)}" for k in changed)
+    return [f"resume changes the schedule ({what}): the learning rate at step {step} goes "
+            f"from {before:.3g} to {after:.3g}, then decays over the new length"]
+
+
+def nothing_left(state: dict, cfg: TrainConfig) -> str | None:
+    """Why a resumed run has nothing to train, or None."""
+    step, seconds = state.get("step", 0), state.get("train_seconds", 0.0)
+    if step >= cfg.max_iters:
+        return f"it is at step {step} of max_iters {cfg.max_iters}; raise --max_iters"
+    if cfg.time_budget is not None and seconds >= cfg.time_budget:
+        return (f"it has trained {seconds:.0f}s of its {cfg.time_budget:.0f}s budget; raise "
+                f"--time_budget")
+    return None
 
 
 def train_run(req: TrainRequest, echo=print) -> int:
     """Train (or resume) the run ``req`` asks for; returns the exit code."""
     out = Path(req.out)
-    family, prepared, built, train_cfg = resumed_run(req) if req.resume else new_run(req, echo)
+    check_out_dir(out, req.resume, req.force)  # refuse before reading or printing anything
+    notes = []
+    if req.resume:
+        family, prepared, built, train_cfg, saved = resumed_run(req)
+        state = ckpt.read_state(ckpt.list_checkpoints(out)[-1])
+        reason = nothing_left(state, train_cfg)
+        if reason:
+            echo(f"nothing to train in {out}: {reason}")
+            return 0
+        notes = resume_notes(saved, state, train_cfg, built.model)
+    else:
+        family, prepared, built, train_cfg = new_run(req, echo)
     if not req.quiet:
         for line in family.describe(prepared, built, train_cfg):
             echo(line)
         echo(f"run folder {out}")
+    for line in notes:
+        echo(line)
     result = train(built.model, prepared.tokenizer, built.task, train_cfg, out, built.meta,
                    resume=req.resume, force=req.force,
                    progress=not req.quiet and sys.stderr.isatty() or None,
@@ -147,6 +197,6 @@ def train_run(req: TrainRequest, echo=print) -> int:
         return 130
     echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "
          f"val loss {result.val_loss:.4f} (best {result.best_val_loss:.4f})")
-    for line in family.finish(out, result, built, train_cfg):
+    for line in family.finish(out, result, prepared, built, train_cfg):
         echo(line)
     return 0

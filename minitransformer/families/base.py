@@ -106,7 +106,7 @@ class Family:
     commands: frozenset[str] = frozenset()  # beyond train, evaluate, attention, compare
     redirects: dict[str, str] = {}  # command -> what to use instead, for the message
     evaluate_options: frozenset[str] = frozenset()  # evaluate's flags this family reads
-    can_autosize = False  # --time-budget without --preset sizes the model
+    can_autosize = False  # --time_budget without --preset sizes the model
 
     # -- settings ---------------------------------------------------------------------------
     def field_names(self) -> list[str]:
@@ -143,10 +143,12 @@ class Family:
         return self.model_class(config)
 
     # -- what each family supplies ----------------------------------------------------------
-    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None) -> Prepared:
+    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
+                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         raise NotImplementedError
 
-    def reopen(self, meta: dict, tokenizer, source: str, encoding: str) -> Prepared:
+    def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
+               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         raise NotImplementedError
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
@@ -155,7 +157,8 @@ class Family:
     def describe(self, prepared: Prepared, built: Built, train_cfg: TrainConfig) -> list[str]:
         return []
 
-    def finish(self, run_dir, result, built: Built, train_cfg: TrainConfig) -> list[str]:
+    def finish(self, run_dir, result, prepared: Prepared, built: Built,
+               train_cfg: TrainConfig) -> list[str]:
         return []
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
@@ -204,5 +207,6 @@ def data_source(meta: dict, options: dict) -> tuple[str, str]:
 
 def loss_lines(loss: float, per: str) -> list[str]:
     """Val loss, perplexity and bits per token (or character)."""
-    return [f"val loss      {loss:.4f} nats/{per}", f"perplexity    {math.exp(loss):.3f}",
-            f"bits/{per:<8}{loss / math.log(2):.4f}"]
+    rows = [("val loss", f"{loss:.4f} nats/{per}"), ("perplexity", f"{math.exp(loss):.3f}"),
+            (f"bits/{per}", f"{loss / math.log(2):.4f}")]
+    return [f"{name:<16}{value}" for name, value in rows]

@@ -65,7 +65,7 @@ class EncoderFamily(StreamFamily):
                              f"{c.block_size}; masked-LM, 15% of tokens chosen (80/10/10)",
                              train_cfg, f"batch {train_cfg.batch_size}")
 
-    def finish(self, run_dir, result, built: Built, train_cfg) -> list[str]:
+    def finish(self, run_dir, result, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         model = built.model
         load_weights(model, Path(run_dir) / ckpt.MODEL_FILE)  # the best model
         device = next(model.parameters()).device

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import torch
 
 from ..config import GPTConfig, config_from_dict
@@ -52,9 +54,10 @@ class GPTFamily(StreamFamily):
                              f"{c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context "
                              f"{c.block_size}", train_cfg, f"batch {train_cfg.batch_size}")
 
-    def finish(self, run_dir, result, built: Built, train_cfg) -> list[str]:
+    def finish(self, run_dir, result, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         return [f"best model: {run_dir}/model.safetensors (+ config.json, tokenizer.json)",
-                f"sample from it: minitransformer sample {run_dir} --prompt 'ROMEO:'"]
+                f"sample from it: minitransformer sample {shlex.quote(str(run_dir))} --prompt "
+                f"{shlex.quote(corpus_prompt(prepared))}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
         loss, *_ = self.val_loss(model, tokenizer, meta, options)
@@ -96,6 +99,17 @@ class GPTFamily(StreamFamily):
         finally:
             model.train(was_training)
         return total / count
+
+
+def corpus_prompt(prepared: Prepared, longest: int = 16) -> str:
+    """A prompt the model knows: the start of its own corpus, up to the first line's end
+    (at most ``longest`` characters, cut at a space): 'First Citizen:' for Shakespeare."""
+    text = prepared.tokenizer.decode(prepared.train_ids[:64].tolist())
+    line = next((ln for ln in text.splitlines() if ln.strip()), text).strip()
+    if len(line) > longest:
+        cut = line[:longest].rsplit(" ", 1)[0]
+        line = cut if cut else line[:longest]
+    return line or text[:1]
 
 
 FAMILY = GPTFamily()

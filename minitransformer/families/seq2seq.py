@@ -67,7 +67,10 @@ class Seq2SeqFamily(Family):
         return {**meta["model"], **meta.get("data", {}).get("config", {})}
 
     def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
-                source_tgt: str | None = None) -> Prepared:
+                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+        if newline == "keep":
+            raise NotApplicable("--newline keep does not apply to sentence pairs: they are "
+                                "read one per line")
         if kind not in (None, "bpe"):
             raise NotApplicable(f"--tokenizer {kind}: the encoder-decoder uses one joint BPE "
                                 f"vocabulary (--vocab_size sets its size)")
@@ -80,7 +83,7 @@ class Seq2SeqFamily(Family):
         return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding, data_cfg)
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
-               source_tgt: str | None = None) -> Prepared:
+               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         data = meta.get("data", {})
         data_cfg = self._data_config(data.get("config", {}))
         if source_tgt is None and source == data.get("source"):
@@ -131,7 +134,7 @@ class Seq2SeqFamily(Family):
         return [lines[0], f"joint BPE vocabulary: {prepared.tokenizer.vocab_size:,} tokens",
                 *lines[1:]]
 
-    def finish(self, run_dir, result, built: Built, train_cfg) -> list[str]:
+    def finish(self, run_dir, result, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         return [f"translate with: minitransformer translate {run_dir} \"your sentence\"",
                 f"BLEU on the test split: minitransformer evaluate {run_dir}"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data import check_length, load_text, split_ids
+from ..data import check_length, load_text, normalize_newlines, split_ids
 from ..tokenizers import fit_tokenizer
 from ..training.device import pick_dtype
 from ..training.trainer import estimate_loss
@@ -24,29 +24,35 @@ class StreamFamily(Family):
         return {}
 
     def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
-                source_tgt: str | None = None) -> Prepared:
+                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         if source_tgt:
-            raise NotApplicable(f"--data-tgt is for sentence pairs; a {self.title} reads one "
+            raise NotApplicable(f"--data_tgt is for sentence pairs; a {self.title} reads one "
                                 f"text (--model seq2seq translates)")
         kind = kind or "char"
-        text = load_text(source, encoding)
+        text, crlf = normalize_newlines(load_text(source, encoding), newline or "normalize")
         vocab = fields.get("vocab_size") if kind != "char" else None
         tokenizer = fit_tokenizer(kind, text, vocab, *(
             (self.special_tokens,) if self.special_tokens else ()))
-        return self._encode(text, tokenizer, source, encoding)
+        return self._encode(text, tokenizer, source, encoding, newline or "normalize", crlf)
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
-               source_tgt: str | None = None) -> Prepared:
-        return self._encode(load_text(source, encoding), tokenizer, source, encoding)
+               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+        mode = newline or meta.get("data", {}).get("newline", "normalize")
+        text, crlf = normalize_newlines(load_text(source, encoding), mode)
+        return self._encode(text, tokenizer, source, encoding, mode, crlf)
 
-    def _encode(self, text: str, tokenizer, source: str, encoding: str) -> Prepared:
+    def _encode(self, text: str, tokenizer, source: str, encoding: str, newline: str,
+                crlf: int) -> Prepared:
         ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
         train_ids, val_ids = split_ids(ids)
-        data_meta = {"source": source, "encoding": encoding, "tokenizer": tokenizer.kind}
+        data_meta = {"source": source, "encoding": encoding, "tokenizer": tokenizer.kind,
+                     "newline": newline}
+        note = f"; {crlf:,} CRLF line ends read as \\n (--newline keep keeps them)" if crlf \
+            else ""
         return Prepared(source, encoding, tokenizer, data_meta, train_ids, val_ids,
                         extra=self.tokenizer_extras(tokenizer),
                         summary=f"{len(ids):,} tokens ({tokenizer.kind} tokenizer), "
-                                f"{len(train_ids):,} train / {len(val_ids):,} val")
+                                f"{len(train_ids):,} train / {len(val_ids):,} val{note}")
 
     def check_length(self, prepared: Prepared, block_size: int) -> None:
         check_length(prepared.train_ids, prepared.val_ids, block_size, prepared.source)

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import UserError
-from ..io import load_tensors
+from ..io import load_tensors, read_json_object
 
 
 def hf_folder(path) -> Path:
@@ -29,14 +29,7 @@ def hf_folder(path) -> Path:
 
 
 def read_hf_config(folder: Path) -> dict:
-    try:
-        with open(folder / "config.json", encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {folder / 'config.json'}: {e}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{folder / 'config.json'} is not a JSON object")
-    return config
+    return read_json_object(folder / "config.json")
 
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:

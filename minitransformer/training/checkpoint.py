@@ -26,7 +26,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
-from ..io import atomic_write, atomic_write_json, fsync_dir, load_weights  # noqa: F401
+from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
+    atomic_write,
+    atomic_write_json,
+    fsync_dir,
+    load_weights,
+    read_json_object,
+)
 from ..tokenizers import tokenizer_from_dict
 
 MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE = "model.safetensors", "config.json", "tokenizer.json"
@@ -123,6 +129,11 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
+def read_state(folder: Path) -> dict:
+    """trainer_state.json of a checkpoint folder (step, train_seconds, ...)."""
+    return read_json_object(Path(folder) / STATE_JSON)
+
+
 def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
     """Restore the optimizer in place; return (json state, rng tensors)."""
     folder = Path(folder)
@@ -160,12 +171,8 @@ def read_meta(folder: Path) -> dict:
     for name in (CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE):
         if not (folder / name).exists():
             raise UserError(f"{folder} is not a complete checkpoint: {name} is missing")
-    try:
-        with open(folder / CONFIG_FILE, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {folder / CONFIG_FILE}: {e}") from None
-    if not isinstance(meta, dict) or "model" not in meta or "family" not in meta:
+    meta = read_json_object(folder / CONFIG_FILE)
+    if "model" not in meta or "family" not in meta:
         raise UserError(f"{folder / CONFIG_FILE} is not a minitransformer config")
     return meta
 

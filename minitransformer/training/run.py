@@ -69,18 +69,27 @@ class StopFlag:
             signal.signal(signal.SIGINT, self._old)
 
 
+def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
+    """Refuse a run folder that cannot be used as asked; returns whether it holds a run."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file; give a folder for the run")
+    has_run = (out_dir / ckpt.CONFIG_FILE).exists() or (out_dir / ckpt.CHECKPOINTS).exists()
+    if resume and not ckpt.list_checkpoints(out_dir):
+        raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
+    if not resume and has_run and not force:
+        raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it "
+                        f"or --force to replace it")
+    return has_run
+
+
 def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
     out_dir = Path(out_dir)
-    has_run = (out_dir / ckpt.CONFIG_FILE).exists() or (out_dir / ckpt.CHECKPOINTS).exists()
+    has_run = check_out_dir(out_dir, resume, force)
     if resume:
-        if not ckpt.list_checkpoints(out_dir):
-            raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
         for stale in (out_dir / ckpt.CHECKPOINTS).glob(".tmp-*"):  # a save cut short
             shutil.rmtree(stale, ignore_errors=True)
         return
-    if has_run and not force:
-        raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it "
-                        f"or --force to replace it")
     if has_run and force:
         shutil.rmtree(out_dir / ckpt.CHECKPOINTS, ignore_errors=True)
         for name in (ckpt.MODEL_FILE, ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, "log.csv"):

@@ -1,0 +1,102 @@
+"""One flag style for every command: help with defaults, both spellings, the same booleans,
+and argparse errors as one line with a pointer to --help."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from minitransformer.cli import COMMANDS, build_parser, main
+from minitransformer.cli.flags import duration, nonneg_int, on_off, parse_bool, positive_int
+
+# what each command needs before an optional flag can be tried on it
+REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],
+            "embed": ["s", "--hf", "h"], "export": ["d", "--hf", "h"],
+            "attention": ["d", "--text", "t", "--out", "o.png"], "evaluate": ["d"],
+            "sample": ["d"], "translate": ["d"], "explain": ["--out", "o.html"],
+            "presets": [], "toy": []}
+PARSER = build_parser()
+SUBS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _options(command: str):
+    return [a for a in SUBS[command]._actions
+            if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+def _value(action) -> str | None:
+    """A valid value for an option taking one."""
+    if action.nargs == 0:
+        return None
+    if action.choices:
+        return str(list(action.choices)[-1])
+    kind = action.type
+    return {int: "3", positive_int: "3", nonneg_int: "3", float: "0.5", parse_bool: "true",
+            duration: "10s",
+            on_off: "on"}.get(kind, "x")
+
+
+CASES = [(c, a.option_strings[0]) for c in COMMANDS for a in _options(c)]
+
+
+def test_every_command_is_in_the_table_and_required_args_are_known():
+    assert set(REQUIRED) == set(COMMANDS) == set(SUBS)
+
+
+@pytest.mark.parametrize("command, flag", CASES)
+def test_help_exists_and_shows_the_default(command, flag):
+    action = SUBS[command]._option_string_actions[flag]
+    assert action.help and len(action.help) > 8, (command, flag)
+    if action.default not in (None, False, argparse.SUPPRESS):
+        assert "default" in action.help, (command, flag, action.help)
+    assert len(action.option_strings) == 1, "help lists one spelling"
+    assert "-" not in flag[2:], "the canonical spelling is the field name, with _"
+
+
+@pytest.mark.parametrize("command, flag", CASES)
+def test_both_spellings_parse_to_the_same_value(command, flag):
+    action = SUBS[command]._option_string_actions[flag]
+    value = _value(action)
+    tail = [] if value is None else [value]
+    one = PARSER.parse_args([command, *REQUIRED[command], flag, *tail])
+    other = PARSER.parse_args([command, *REQUIRED[command], flag.replace("_", "-"), *tail])
+    assert getattr(one, action.dest) == getattr(other, action.dest)
+    if value is not None:
+        eq = PARSER.parse_args([command, *REQUIRED[command], f"{flag.replace('_', '-')}={value}"])
+        assert getattr(eq, action.dest) == getattr(one, action.dest)
+
+
+@pytest.mark.parametrize("spelling, expected", [
+    ("true", True), ("True", True), ("on", True), ("yes", True), ("1", True),
+    ("false", False), ("False", False), ("off", False), ("no", False), ("0", False)])
+def test_booleans_read_the_same_spellings_everywhere(spelling, expected):
+    args = PARSER.parse_args(["train", "--out", "o", "--bias", spelling, "--compile", spelling,
+                              "--tie_weights", spelling])
+    assert args.bias is expected and args.tie_weights is expected
+    assert args.compile == ("on" if expected else "off")
+    assert PARSER.parse_args(["train", "--out", "o", "--compile", "auto"]).compile == "auto"
+
+
+def test_aliases_people_bring_from_other_tools():
+    args = PARSER.parse_args(["train", "--out", "o", "--lr", "0.01"])
+    assert args.learning_rate == 0.01
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["tran"], ["invalid choice"]),
+    ([], ["required"]),
+    (["train"], ["--out"]),
+    (["train", "--out", "o", "--n_layr", "3"], ["--n_layer"]),
+    (["train", "--out", "o", "--n_layer", "three"], ["--n_layer"]),
+    (["train", "--out", "o", "--bias", "maybe"], ["true or false"]),
+    (["train", "--out", "o", "--pos_encoding", "spiral"], ["invalid choice"]),
+    (["sample", "d", "--max_new_tokens", "0"], ["must be positive"]),
+])
+def test_argparse_errors_are_one_line_with_a_pointer_to_help(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert "--help" in err and "error:" in err
+    for word in words:
+        assert word in err, (word, err)

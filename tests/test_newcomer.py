@@ -1,0 +1,116 @@
+"""What a first hour with the CLI runs into: the hint after training, refusals that say only
+what is wrong, resumes that say what they do, aligned figures, CRLF files, the README."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitransformer.cli import main
+from minitransformer.tokenizers import load_tokenizer
+
+DEBUG = ["--preset", "debug", "--max_iters", "4", "--warmup_iters", "1", "--eval_interval", "2",
+         "--eval_iters", "2",
+         "--sample_tokens", "0", "--quiet"]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_text):
+    root = tmp_path_factory.mktemp("newcomer")
+    (root / "own.txt").write_text(tiny_text, encoding="utf-8")
+    return root
+
+
+def test_the_hint_samples_with_a_prompt_from_the_runs_own_corpus(run, capsys):
+    assert main(["train", "--data", str(run / "own.txt"), "--out", str(run / "r"), *DEBUG]) == 0
+    hint = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("sample from it: "))
+    argv = shlex.split(hint.removeprefix("sample from it: "))
+    assert argv[:2] == ["minitransformer", "sample"] and "ROMEO" not in hint
+    assert argv[argv.index("--prompt") + 1] == "Line 0: the"  # where the corpus starts
+    assert main([*argv[1:], "--max_new_tokens", "5", "--seed", "1"]) == 0
+
+
+def test_a_refused_train_prints_nothing_but_the_refusal(run, capsys):
+    assert main(["train", "--data", str(run / "own.txt"), "--out", str(run / "r"), *DEBUG]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--resume" in err and "--force" in err
+
+
+def test_a_resume_with_nothing_to_do_says_so(run, capsys):
+    assert main(["train", "--out", str(run / "r"), "--resume", "--max_iters", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to train" in out and "step 4 of max_iters 4" in out
+    assert "training for" not in out and "done:" not in out
+
+
+def test_a_longer_resume_announces_the_new_schedule(run, capsys):
+    assert main(["train", "--out", str(run / "r"), "--resume", "--max_iters", "8"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"max_iters 4 -> 8\): the learning rate at step 4 goes from ([0-9.e-]+) to "
+                  r"([0-9.e-]+)", out)
+    assert m, out
+    assert float(m.group(2)) > float(m.group(1))  # the cosine now has further to go
+    assert "done: 8 steps" in out
+
+
+def test_evaluate_lines_are_aligned(run, capsys):
+    assert main(["evaluate", str(run / "r")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["val", "perplexity", "bits/character"]
+    starts = {re.search(r"\d", line).start() for line in lines}
+    assert len(starts) == 1, lines
+
+
+@pytest.mark.parametrize("newline, has_cr", [(None, False), ("keep", True)])
+def test_crlf_text_trains_without_carriage_returns_unless_asked(run, tiny_text, newline,
+                                                               has_cr, capsys):
+    data = run / f"crlf-{newline}.txt"
+    data.write_bytes(tiny_text.replace("\n", "\r\n").encode("utf-8"))
+    out = run / f"crlf-{newline}"
+    extra = ["--newline", newline] if newline else []
+    argv = ["train", "--data", str(data), "--out", str(out), *DEBUG, *extra]
+    assert main([a for a in argv if a != "--quiet"]) == 0
+    chars = load_tokenizer(out / "tokenizer.json").chars
+    assert ("\r" in chars) is has_cr
+    said = "CRLF line ends read as" in capsys.readouterr().out
+    assert said is not has_cr
+
+
+def test_the_readme_python_snippet_runs_verbatim_after_a_demo_run(tmp_path):
+    """The snippet loads runs/demo, the folder `make demo` writes (a debug run here)."""
+    text = README.read_text(encoding="utf-8")
+    snippet = re.search(r"From Python:\n\n```python\n(.*?)```", text, re.S).group(1)
+    assert 'load_checkpoint("runs/demo")' in snippet
+    assert main(["train", "--data", "shakespeare", "--out", str(tmp_path / "runs" / "demo"),
+                 *DEBUG]) == 0
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ROMEO:")
+
+
+def test_attention_says_which_map_it_drew(run, capsys):
+    out = run / "one.png"
+    assert main(["attention", str(run / "r"), "--text", "the cat", "--out", str(out),
+                 "--layer", "1", "--head", "0"]) == 0
+    said = capsys.readouterr().out
+    assert "layer 1 and head 0 of self-attention: 2 layers x 2 heads" in said and out.is_file()
+
+
+def test_presets_lists_every_family_and_shows_one_in_full(capsys):
+    assert main(["presets"]) == 0
+    listing = capsys.readouterr().out
+    for family in ("gpt", "encoder", "seq2seq"):
+        assert f"\n{family} (" in "\n" + listing
+    assert main(["presets", "gpt", "cpu-small"]) == 0
+    full = capsys.readouterr().out
+    assert "--n_layer            3" in full and "(default 6)" in full
+    assert main(["presets", "gpt", "tiny"]) == 2
+    assert "cpu-small" in capsys.readouterr().err
