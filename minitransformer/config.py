@@ -274,7 +274,7 @@ class TrainConfig:
     seed: int = 1337
     """random seed (weights, data order, dropout)"""
     time_budget: float | None = None
-    """train for this long (e.g. 120s, 5m), evaluation excluded"""
+    """train for this long (e.g. 120s, 5m), evaluation excluded; none: max_iters decides"""
     lr_schedule: Literal["cosine", "noam"] = "cosine"
     """cosine: warmup + cosine decay; noam: the paper's d^-0.5 min(s^-0.5, s w^-1.5)
     (section 5.3)"""

@@ -100,3 +100,9 @@ def test_argparse_errors_are_one_line_with_a_pointer_to_help(argv, words, capsys
     assert "--help" in err and "error:" in err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_time_budget_none_lets_max_iters_decide():
+    args = PARSER.parse_args(["train", "--out", "o", "--time_budget", "none"])
+    assert args.time_budget is None
+    assert PARSER.parse_args(["train", "--out", "o", "--time_budget", "2m"]).time_budget == 120

@@ -58,7 +58,10 @@ def nonneg_int(text: str) -> int:
     return value
 
 
-def duration(text: str) -> float:
+def duration(text: str) -> float | None:
+    """'120s', '5m', '1h', or 'none' (no time budget: max_iters decides)."""
+    if str(text).strip().lower() in ("none", "off"):
+        return None
     try:
         return parse_duration(text)
     except ConfigError as e:
