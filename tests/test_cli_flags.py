@@ -15,7 +15,7 @@ REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_laye
             "embed": ["s", "--hf", "h"], "export": ["d", "--hf", "h"],
             "attention": ["d", "--text", "t", "--out", "o.png"], "evaluate": ["d"],
             "sample": ["d"], "translate": ["d"], "explain": ["--out", "o.html"],
-            "presets": [], "toy": []}
+            "presets": [], "toy": [], "serve": ["d"]}
 PARSER = build_parser()
 SUBS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
 

@@ -1,0 +1,159 @@
+"""The ASGI app of ``minitransformer serve``: ``create_app(run)`` (testable without a socket).
+
+    GET  /v1/models             the one model this server holds
+    POST /v1/completions        OpenAI's completions API (GPT runs), SSE streaming
+    POST /v1/chat/completions   an OpenAI-shaped error: these are completion models
+    GET  /                      the playground page; /assets/NAME its scripts and styles
+    GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate   what the page uses
+
+FastAPI's /docs and /redoc load scripts from a CDN, so they are off; /openapi.json stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from . import playground
+from .completions import chunk_body, completion_body, new_id, plan_completion, run_plan
+from .errors import APIError, install_handlers
+from .guards import BodyLimit, SecurityHeaders, check_key
+from .schemas import CompletionRequest
+from .worker import Worker
+
+
+@dataclass
+class Settings:
+    """The server's limits (the ``serve`` flags)."""
+
+    model_id: str = "model"
+    api_key: str | None = None
+    max_queue: int = 64  # requests waiting or running; one more is a 429
+    max_tokens: int = 1024  # the cap on a request's max_tokens
+    max_body: int = 1 << 20  # bytes of a request body; more is a 413
+    max_prompt_tokens: int = 8192
+
+
+def create_app(run, settings: Settings | None = None) -> FastAPI:
+    """The app serving one loaded ``families.Run``; its worker thread starts here."""
+    settings = settings or Settings(model_id=run.folder.name or "model")
+    worker = Worker(settings.max_queue)
+    worker.start()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        worker.stop()
+
+    app = FastAPI(title="minitransformer", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  summary=f"{run.family.title} run {settings.model_id}")
+    app.state.run, app.state.settings, app.state.worker = run, settings, worker
+    install_handlers(app)
+
+    async def authorized(authorization: str | None = Header(None)) -> None:
+        check_key(settings.api_key, authorization)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+    _add_v1(v1, run, settings, worker)
+    app.include_router(v1)
+    app.include_router(playground.router(run, settings, worker, authorized))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def _model_card(settings: Settings, run) -> dict:
+    return {"id": settings.model_id, "object": "model", "created": _created(run),
+            "owned_by": "minitransformer"}
+
+
+def _created(run) -> int:
+    try:
+        return int(run.folder.stat().st_mtime)
+    except OSError:
+        return 0
+
+
+def _check_model(settings: Settings, name: str) -> None:
+    if name != settings.model_id:
+        raise APIError(404, f"the model {name!r} does not exist; this server holds "
+                            f"{settings.model_id!r}", "model", "model_not_found")
+
+
+def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
+    @v1.get("/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(settings, run)]}
+
+    @v1.get("/models/{name}")
+    async def model(name: str) -> dict:
+        _check_model(settings, name)
+        return _model_card(settings, run)
+
+    @v1.post("/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        _check_model(settings, req.model)
+        if "sample" not in run.family.commands:
+            raise APIError(400, f"this server holds a {run.family.title} run, which does not "
+                                f"continue text; completions need a GPT run", "model",
+                           "not_a_completion_model")
+        plan = plan_completion(req, run.tokenizer, settings.max_tokens,
+                               settings.max_prompt_tokens)
+        job = worker.submit(lambda job: run_plan(job, run.model, run.tokenizer, plan))
+        if req.stream:
+            return StreamingResponse(_sse(worker, job, settings.model_id),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(await _gather(worker, job, request, settings.model_id, plan))
+
+    @v1.post("/chat/completions")
+    async def chat_completions() -> dict:
+        raise APIError(400, f"{settings.model_id} is a completion model, not a chat model: "
+                            f"use POST /v1/completions with a prompt", "model",
+                       "not_a_chat_model")
+
+
+async def _gather(worker: Worker, job, request: Request, model_id: str, plan) -> dict:
+    """Wait for a whole completion; a client that hangs up cancels it."""
+    pieces, usage = [], None
+    events = worker.events(job)
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    try:
+        async for kind, value in events:
+            if kind == "pieces":
+                pieces.extend(value)
+            elif kind == "result":
+                usage = value
+    finally:
+        watcher.cancel()
+    return completion_body(new_id(), model_id, plan, pieces, usage or {})
+
+
+async def _watch_disconnect(request: Request, job) -> None:
+    while not job.cancelled.is_set():
+        if await request.is_disconnected():
+            job.cancelled.set()
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _sse(worker: Worker, job, model_id: str):
+    """Server-sent events: one chunk per choice and step with new text, then [DONE]. The
+    response closing early (a client gone) ends ``events``, which cancels the job."""
+    cid, created = new_id(), int(time.time())
+    try:
+        async for kind, value in worker.events(job):
+            if kind != "pieces":
+                continue
+            for piece in value:
+                if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
+                    yield f"data: {json.dumps(chunk_body(cid, created, model_id, piece))}\n\n"
+    except APIError as e:  # after the headers have gone, an error is one more event
+        yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
+    yield "data: [DONE]\n\n"

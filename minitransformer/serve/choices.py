@@ -1,0 +1,100 @@
+"""One choice of a completion as it grows: its text, its stop strings, its log-probabilities.
+
+Text leaves in whole characters only (byte-level BPE can split one), and never while it may
+turn out to be the start of a stop string: a streamed chunk never shows text that a later
+token would have cut away. A token's log-probability entry leaves with the chunk that
+completes its text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TokenInfo:
+    text: str  # the token decoded alone
+    start: int  # where its text begins in the completion
+    logprob: float
+    top: dict[str, float]
+    end: int | None = None  # where it ends, once its character is whole
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """Length of the longest end of ``text`` that is the start of a stop string."""
+    longest = max((len(s) for s in stops), default=0)
+    for k in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-k:]
+        if any(s.startswith(tail) for s in stops):
+            return k
+    return 0
+
+
+@dataclass
+class Choice:
+    """The state of one choice; ``add`` a token, then ``take`` what may be shown."""
+
+    index: int
+    stops: list[str]
+    offset: int = 0  # text_offset of the completion's first character (the prompt's length)
+    ids: list[int] = field(default_factory=list)
+    text: str = ""  # decoded so far, whole characters
+    sent: int = 0  # characters already handed out
+    tokens: list[TokenInfo] = field(default_factory=list)
+    tokens_sent: int = 0
+    finish: str | None = None
+    cut: int | None = None  # where a stop string begins
+
+    def add(self, token: int, logprobs: torch.Tensor | None, k: int, tokenizer) -> None:
+        """One new token; ``logprobs`` (V,) when log-probabilities are asked for."""
+        self.ids.append(token)
+        if logprobs is not None:
+            top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
+            self.tokens.append(TokenInfo(
+                tokenizer.decode([token]), len(self.text), float(logprobs[token]),
+                {} if top is None else {tokenizer.decode([int(i)]): float(v)
+                                        for v, i in zip(top.values, top.indices, strict=True)}))
+        text = tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return  # the rest of the character is still to come
+        self.text = text
+        for t in self.tokens:
+            if t.end is None:
+                t.end = len(text)
+        found = [i for i in (text.find(s, self.sent) for s in self.stops) if i >= 0]
+        if found:
+            self.cut, self.finish = min(found), "stop"
+
+    def end(self, tokenizer) -> None:
+        """No more tokens (max_tokens reached): what is left, an unfinished character too."""
+        if self.finish is None:
+            self.finish = "length"
+            self.text = tokenizer.decode(self.ids)
+
+    def take(self) -> tuple[str, list[TokenInfo]]:
+        """The text and token entries that may be shown now (and are then counted as sent)."""
+        if self.finish is not None:
+            stop = len(self.text) if self.cut is None else self.cut
+        else:
+            stop = len(self.text) - held_back(self.text[self.sent:], self.stops)
+        stop = max(stop, self.sent)
+        piece, self.sent = self.text[self.sent:stop], stop
+        ready = self.tokens_sent
+        while ready < len(self.tokens):
+            t = self.tokens[ready]
+            done = t.end is not None and t.end <= self.sent
+            if not done and not (self.finish is not None and t.start < stop):
+                break
+            ready += 1
+        entries, self.tokens_sent = self.tokens[self.tokens_sent:ready], ready
+        return piece, entries
+
+
+def logprobs_body(entries: list[TokenInfo], offset: int) -> dict:
+    """OpenAI's ``logprobs`` object of a completion choice (or of one streamed chunk)."""
+    return {"tokens": [t.text for t in entries],
+            "token_logprobs": [t.logprob for t in entries],
+            "top_logprobs": [t.top for t in entries],
+            "text_offset": [offset + t.start for t in entries]}

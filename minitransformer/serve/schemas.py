@@ -1,0 +1,56 @@
+"""The request bodies the server reads, as pydantic models (they are also /openapi.json).
+
+Types are strict (``"1"`` is not a number, ``1`` is not a boolean), as OpenAI's API is; a value
+outside its range is a 400 in OpenAI's error shape (``errors.install_handlers``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 16  # choices per prompt
+MAX_PROMPTS = 16  # prompts per request
+MAX_STOPS = 4  # as OpenAI
+MAX_LOGPROBS = 20  # top log-probabilities per token
+MAX_TOP = 50  # top_k of the page's probability view
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class CompletionRequest(Strict):
+    """POST /v1/completions (OpenAI's legacy completions API; ``top_k`` is an extension)."""
+
+    model: str = Field(description="the model's id, from GET /v1/models")
+    prompt: str | list[str] = Field(description="text to continue, or a list of texts")
+    max_tokens: int | None = Field(16, ge=0, description="new tokens per choice (capped by the "
+                                   "server's --max_tokens)")
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False,
+                               description="0 = greedy; higher = more random")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; 1 = off")
+    top_k: int = Field(0, ge=0, description="the k most likely tokens only; 0 = off")
+    n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt; choice i is seeded "
+                   "seed + i")
+    stop: str | list[str] | None = Field(None, description="up to 4 strings that end a choice "
+                                         "(not included in its text)")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="same seed, same text")
+    stream: bool = Field(False, description="server-sent events in OpenAI's chunk format")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                 description="top log-probabilities per token (temperature 1)")
+    echo: bool = Field(False, description="not supported: must be false")
+
+
+class InspectRequest(Strict):
+    """POST /api/inspect: what the model computes at one position of a text."""
+
+    text: str = Field(min_length=1, description="the text (at most block_size tokens are read)")
+    position: int = Field(-1, description="token index; -1 = the last")
+    top: int = Field(10, ge=1, le=MAX_TOP, description="next-token probabilities shown")
+
+
+class TranslateRequest(Strict):
+    """POST /api/translate (encoder-decoder runs)."""
+
+    text: str = Field(min_length=1, description="one source sentence")
+    beam: int = Field(1, ge=1, le=16, description="beam size; 1 = greedy")

@@ -1,0 +1,235 @@
+"""``serve``'s OpenAI-compatible API, spoken to by the real ``openai`` client over a live
+server on 127.0.0.1 (a background thread, a free port), with a debug GPT trained here.
+
+References are independent of the server: ``GPT.generate`` with the same seed (what
+``minitransformer sample`` writes) and the uncached model's log-softmax. Every bad request
+must get its status and an error in OpenAI's shape, and the server must keep serving.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from minitransformer.cli import main
+from minitransformer.families import load_run
+from minitransformer.serve import Settings, create_app, running
+
+openai = pytest.importorskip("openai", reason="openai is in the test extra")
+
+PROMPT = "To be"
+TINY_TEXT = "".join(f"{i}: To be, or not to be: that is the question. The lazy dog.\n"
+                    for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    data = root / "tiny.txt"
+    data.write_text(TINY_TEXT, encoding="utf-8")  # the words of PROMPT and more
+    assert main(["train", "--data", str(data), "--out", str(root / "tiny"), "--preset", "debug",
+                 "--max_iters", "4", "--eval_interval", "2", "--eval_iters", "2",
+                 "--sample_tokens", "0", "--quiet"]) == 0
+    return load_run(root / "tiny")
+
+
+@pytest.fixture(scope="module")
+def url(run):
+    app = create_app(run, Settings(model_id="tiny", max_tokens=64, max_body=32 * 1024))
+    with running(app) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def reference(run, prompt: str, n: int, seed: int, temperature: float = 1.0,
+              top_p: float | None = None) -> str:
+    """What ``minitransformer sample --seed`` writes for this prompt (batch of one)."""
+    idx = torch.tensor([run.tokenizer.encode(prompt)])
+    out = run.model.generate(idx, n, temperature, None, top_p, seed)
+    return run.tokenizer.decode(out[0, idx.shape[1]:].tolist())
+
+
+def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "v1/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def assert_openai_error(body: dict) -> None:
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], body
+
+
+def still_serving(client) -> None:
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, seed=0)
+    assert len(r.choices[0].text) == 3
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+
+
+def test_completion_is_the_seeded_sample(client, run):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0.8,
+                                  top_p=0.9, seed=7)
+    assert r.object == "text_completion" and r.model == "tiny"
+    assert r.choices[0].text == reference(run, PROMPT, 20, 7, 0.8, 0.9)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(PROMPT) and r.usage.completion_tokens == 20
+
+
+def test_same_seed_same_text_and_n_choices_seeded_seed_plus_i(client, run):
+    a = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, n=2, seed=3)
+    b = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, n=2, seed=3)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert [c.index for c in a.choices] == [0, 1]
+    assert [c.text for c in a.choices] == [reference(run, PROMPT, 12, 3 + i) for i in range(2)]
+
+
+def test_a_list_of_prompts(client, run):
+    r = client.completions.create(model="tiny", prompt=[PROMPT, "the"], max_tokens=5, seed=2)
+    assert [c.text for c in r.choices] == [reference(run, p, 5, 2) for p in (PROMPT, "the")]
+
+
+def test_streaming_gives_the_same_text_in_chunks(client, run):
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16,
+                                            seed=5, stream=True))
+    assert len(chunks) >= 16
+    assert "".join(c.choices[0].text for c in chunks) == reference(run, PROMPT, 16, 5)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_stop_cuts_the_text_and_streaming_never_shows_a_stop_start(client, run):
+    full = reference(run, PROMPT, 40, 11)
+    stop = full[10:13]
+    expected = full[:full.index(stop)]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, seed=11,
+                                  stop=[stop, "\x00never"])
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (expected, "stop")
+    shown = ""
+    for c in client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, seed=11,
+                                       stop=stop, stream=True):
+        shown += c.choices[0].text
+        assert stop not in shown and len(shown) <= len(expected)
+    assert shown == expected
+
+
+def test_logprobs_are_the_models_own(client, run):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, seed=1,
+                                  logprobs=3, temperature=0.7)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 10
+    assert lp.text_offset == list(range(len(PROMPT), len(PROMPT) + 10))
+    ids = torch.tensor([run.tokenizer.encode(PROMPT + r.choices[0].text)])
+    with torch.no_grad():
+        logits, _ = run.model(ids)  # (1, T, V), no cache: an independent path
+    want = torch.log_softmax(logits[0].float(), dim=-1)[len(PROMPT) - 1:-1]  # (10, V)
+    got = torch.tensor(lp.token_logprobs)
+    torch.testing.assert_close(got, want.gather(1, ids[0, len(PROMPT):, None])[:, 0],
+                               atol=1e-4, rtol=1e-4)
+    for row, top in zip(want, lp.top_logprobs, strict=True):
+        assert len(top) == 3
+        assert max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
+
+
+def test_concurrent_clients_get_their_own_text(client, run):
+    results, errors = {}, []
+
+    def ask(seed):
+        try:
+            r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, seed=seed)
+            results[seed] = r.choices[0].text
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert results == {s: reference(run, PROMPT, 8, s) for s in range(4)}
+
+
+BAD = {  # name -> (raw body, status, param)
+    "malformed JSON": (b'{"model": "tiny", "prompt": ', 400, None),
+    "wrong type": (b'{"model": "tiny", "prompt": "a", "max_tokens": "5"}', 400, "max_tokens"),
+    "prompt not text": (b'{"model": "tiny", "prompt": 5}', 400, "prompt"),
+    "negative temperature": (b'{"model": "tiny", "prompt": "a", "temperature": -1}', 400,
+                             "temperature"),
+    "max_tokens over the cap": (b'{"model": "tiny", "prompt": "a", "max_tokens": 65}', 400,
+                                "max_tokens"),
+    "unseen characters": ('{"model": "tiny", "prompt": "a\u2603"}'.encode(), 400, "prompt"),
+    "unknown model": (b'{"model": "gpt-4", "prompt": "a"}', 404, "model"),
+    "oversized body": (json.dumps({"model": "tiny", "prompt": "a" * 40000}).encode(), 413,
+                       None),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_requests_get_openai_errors(url, client, name):
+    body, status, param = BAD[name]
+    got, answer = post(url, body)
+    assert got == status, answer
+    assert_openai_error(answer)
+    assert answer["error"]["param"] == param
+    still_serving(client)
+
+
+def test_the_client_raises_its_own_error_classes(client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="tiny", prompt="a", temperature=-0.5)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="a")
+    with pytest.raises(openai.BadRequestError, match="completion model"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                "content": "hi"}])
+    still_serving(client)
+
+
+def test_no_docs_pages_but_openapi(url):
+    for path, want in (("docs", 404), ("redoc", 404), ("openapi.json", 200)):
+        try:
+            status = urllib.request.urlopen(url + path, timeout=10).status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert status == want, path
+
+
+def test_api_key_queue_limit_and_disconnect(run):
+    """A second server: a key, a queue of one, the full cap. A wrong key is a 401; a second
+    request while a long stream runs is a 429; closing the stream stops its generation."""
+    app = create_app(run, Settings(model_id="tiny", api_key="sekret", max_queue=1))
+    with running(app) as u:
+        for key in ("wrong", None):
+            status, body = post(u, b'{"model": "tiny", "prompt": "a"}',
+                                {"Authorization": f"Bearer {key}"} if key else {})
+            assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        c = openai.OpenAI(base_url=u + "v1", api_key="sekret", max_retries=0, timeout=30)
+        stream = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1024, stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError):
+            c.completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+        stream.close()
+        deadline = time.monotonic() + 10
+        while app.state.worker.outstanding and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert app.state.worker.outstanding == 0  # stopped long before 1024 tokens
+        assert len(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+                   .choices[0].text) == 2

@@ -1,0 +1,170 @@
+"""The parts of ``serve`` alone: the decoding loop against ``GPT.generate``, stop strings and
+held-back text, the queue's limit, the host check, and the command's exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+
+import pytest
+import torch
+
+from minitransformer.cli import main
+from minitransformer.config import GPTConfig
+from minitransformer.models import GPT
+from minitransformer.serve import is_loopback
+from minitransformer.serve.choices import Choice, held_back
+from minitransformer.serve.errors import APIError
+from minitransformer.serve.sampling import sample_steps
+from minitransformer.serve.worker import Worker
+from minitransformer.tokenizers import CharTokenizer
+from minitransformer.training.checkpoint import write_model_files
+
+pytest.importorskip("fastapi", reason="fastapi and uvicorn are dependencies of serve")
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.9, 5, None),
+                                                     (1.3, None, 0.8)])
+def test_the_loop_draws_what_generate_draws_past_the_window(make_gpt, temperature, top_k,
+                                                             top_p):
+    """Three rows, seeded, 30 tokens after a 6-token prompt: past block_size 16, so the
+    window moves and the cache is rebuilt; the tokens equal GPT.generate's."""
+    model = make_gpt(scale=0.5)
+    idx = torch.randint(0, 13, (3, 6))
+    steps = list(sample_steps(model, idx, 30, temperature, top_k, top_p, seed=4,
+                              want_logprobs=True))
+    ours = torch.cat([t for t, _ in steps], dim=1)  # (3, 30)
+    want = model.generate(idx, 30, temperature, top_k, top_p, seed=4)[:, 6:]
+    assert torch.equal(ours, want)
+    with torch.no_grad():  # the first step's log-probabilities: the uncached model's
+        logits, _ = model(idx)
+    torch.testing.assert_close(steps[0][1], torch.log_softmax(logits[:, -1], -1))
+
+
+class Chars:
+    """A tokenizer whose ids are code points (decode of one id = one character)."""
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def _feed(choice: Choice, text: str) -> list[str]:
+    shown = []
+    for ch in text:
+        if choice.finish is not None:
+            break
+        choice.add(ord(ch), None, 0, Chars())
+        shown.append(choice.take()[0])
+    return shown
+
+
+def test_text_that_may_start_a_stop_string_waits():
+    c = Choice(0, ["END", "xy"])
+    shown = _feed(c, "abEN!Ex")
+    # "E" and "EN" may start END, "x" may start xy: held until the next character settles it
+    assert shown == ["a", "b", "", "", "EN!", "", "E"]
+    assert c.finish is None and held_back("abEx", ["END", "xy"]) == 1
+    c.end(Chars())
+    assert c.take()[0] == "x"
+
+
+def test_a_stop_string_ends_the_choice_before_it():
+    c = Choice(0, ["END"])
+    shown = _feed(c, "hello ENDING more")
+    assert "".join(shown) == "hello " and c.finish == "stop"
+
+
+def test_token_entries_leave_with_their_text():
+    c = Choice(0, ["zz"], offset=3)
+    lp = torch.log_softmax(torch.arange(200.0), 0)
+    for ch in "az":
+        c.add(ord(ch), lp, 2, Chars())
+    text, entries = c.take()
+    assert text == "a" and [e.text for e in entries] == ["a"]  # "z" is held back
+    c.end(Chars())
+    text, entries = c.take()
+    assert text == "z" and [e.text for e in entries] == ["z"] and entries[0].start == 1
+    assert set(entries[0].top) == {chr(199), chr(198)}
+
+
+def test_a_full_queue_is_a_429():
+    worker = Worker(max_queue=2)
+    worker.start()
+    gate = threading.Event()
+
+    async def scenario():
+        held = [worker.submit(lambda job: gate.wait(10)) for _ in range(2)]
+        with pytest.raises(APIError) as e:
+            worker.submit(lambda job: None)
+        assert e.value.status == 429
+        gate.set()
+        for job in held:
+            async for _ in worker.events(job):
+                pass
+        assert worker.outstanding == 0
+        assert await worker.call(lambda job: 42) == 42
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        gate.set()
+        worker.stop()
+
+
+@pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
+                                       ("localhost", True), ("0.0.0.0", False),
+                                       ("192.168.1.2", False), ("::", False),
+                                       ("example.com", False)])
+def test_loopback_hosts(host, loop):
+    assert is_loopback(host) is loop
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-cli") / "run"
+    tokenizer = CharTokenizer.fit("abc ")
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=8, n_layer=1, n_head=1,
+                    n_embd=8)
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(folder, GPT(cfg), meta, tokenizer)
+    return folder
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_public_host_needs_a_key(run_dir, capsys):
+    assert main(["serve", str(run_dir), "--host", "0.0.0.0"]) == 2
+    assert "--api_key" in _error(capsys)
+
+
+def test_missing_and_corrupt_run_folders(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nothing")]) == 2
+    _error(capsys)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json", encoding="utf-8")
+    assert main(["serve", str(tmp_path / "bad")]) == 2
+    _error(capsys)
+
+
+def test_a_busy_port(run_dir, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", str(run_dir), "--port", str(port)]) == 2
+    assert f"127.0.0.1:{port}" in _error(capsys)
+
+
+def test_help_names_every_flag(capsys):
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--api_key", "--insecure_no_key", "--max_queue",
+                 "--max_tokens", "--which", "--device"):
+        assert flag in out
