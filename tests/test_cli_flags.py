@@ -15,7 +15,8 @@ REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_laye
             "embed": ["s", "--hf", "h"], "export": ["d", "--hf", "h"],
             "attention": ["d", "--text", "t", "--out", "o.png"], "evaluate": ["d"],
             "sample": ["d"], "translate": ["d"], "explain": ["--out", "o.html"],
-            "presets": [], "toy": [], "serve": ["d"]}
+            "presets": [], "toy": [], "prepare": ["--data", "d", "--out", "o"],
+            "serve": ["d"]}
 PARSER = build_parser()
 SUBS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
 

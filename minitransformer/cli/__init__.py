@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UserError
-from . import compare, evaluate, generate, hf, inspect, presets, serve, toy, train
+from . import compare, evaluate, generate, hf, inspect, prepare, presets, serve, toy, train
 from .flags import Parser
 
 # command -> the function that adds its parser (each parser names its handler as ``func``)
@@ -23,6 +23,7 @@ COMMANDS = {
     "compare": compare.add_parser,
     "embed": hf.add_embed,
     "export": hf.add_export,
+    "prepare": prepare.add_parser,
     "presets": presets.add_parser,
     "toy": toy.add_parser,
     "serve": serve.add_parser,

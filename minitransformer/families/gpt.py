@@ -33,6 +33,7 @@ class GPTFamily(StreamFamily):
     model_class = GPT
     default_data = "shakespeare"
     special_tokens = GPT_SPECIALS
+    bpe_separator = GPT_SPECIALS[0]  # GPT-2's <|endoftext|> between documents
     commands = frozenset({"sample", "explain", "export"})
     redirects = {"translate": "it continues text: minitransformer sample DIR --prompt ..."}
     can_autosize = True

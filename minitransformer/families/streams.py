@@ -4,19 +4,34 @@ and measure val loss on random windows of the context."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+from tqdm.auto import tqdm
 
 from ..data import check_length, load_text, normalize_newlines, split_ids
-from ..tokenizers import fit_tokenizer
+from ..data.shards import (
+    fingerprint,
+    is_prepared,
+    open_shards,
+    read_documents,
+    source_files,
+    write_shards,
+)
+from ..tokenizers import CharTokenizer, fit_tokenizer, load_tokenizer
 from ..training.device import pick_dtype
 from ..training.trainer import estimate_loss
 from .base import Family, NotApplicable, Prepared, data_source, train_config
+
+CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
 
 
 class StreamFamily(Family):
     """A family whose data is one token stream (see the module docstring)."""
 
     special_tokens: tuple[str, ...] = ()
+    bpe_separator = "\n\n"  # what a BPE stream puts between prepared documents
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed"})
 
     def tokenizer_extras(self, tokenizer) -> dict:
@@ -28,6 +43,8 @@ class StreamFamily(Family):
         if source_tgt:
             raise NotApplicable(f"--data_tgt is for sentence pairs; a {self.title} reads one "
                                 f"text (--model seq2seq translates)")
+        if is_prepared(source):
+            return self._open_prepared(source, kind, fields)
         kind = kind or "char"
         text, crlf = normalize_newlines(load_text(source, encoding), newline or "normalize")
         vocab = fields.get("vocab_size") if kind != "char" else None
@@ -37,9 +54,70 @@ class StreamFamily(Family):
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+        if is_prepared(source):
+            prepared = self._open_prepared(source, None, {})
+            if prepared.tokenizer.to_dict() != tokenizer.to_dict():
+                raise NotApplicable(f"{source} was prepared with another tokenizer than this "
+                                    f"run's; prepare the data with the run's tokenizer")
+            return prepared
         mode = newline or meta.get("data", {}).get("newline", "normalize")
         text, crlf = normalize_newlines(load_text(source, encoding), mode)
         return self._encode(text, tokenizer, source, encoding, mode, crlf)
+
+    def _open_prepared(self, source: str, kind: str | None, fields: dict) -> Prepared:
+        """A DATA_DIR written by ``prepare``: its tokenizer and memory-mapped splits."""
+        manifest, train_ids, val_ids = open_shards(source)
+        tokenizer = load_tokenizer(Path(source) / "tokenizer.json")
+        if kind is not None and not tokenizer.kind.startswith(kind.split("-")[0]):
+            raise NotApplicable(f"--tokenizer {kind}: {source} was prepared with a "
+                                f"{tokenizer.kind} tokenizer (drop --tokenizer)")
+        vocab = fields.get("vocab_size")
+        if kind is not None and vocab is not None and vocab != tokenizer.vocab_size:
+            raise NotApplicable(f"--vocab_size {vocab}: {source} has {tokenizer.vocab_size}")
+        folder = str(Path(source).resolve())
+        data_meta = {"source": folder, "encoding": "utf-8", "tokenizer": tokenizer.kind,
+                     "prepared": True, "sources": manifest.get("sources", [])}
+        return Prepared(folder, "utf-8", tokenizer, data_meta, train_ids, val_ids,
+                        extra=self.tokenizer_extras(tokenizer),
+                        summary=f"{manifest['tokens']:,} prepared tokens in "
+                                f"{manifest['documents']:,} document(s) ({tokenizer.kind} "
+                                f"tokenizer), {len(train_ids):,} train / {len(val_ids):,} val, "
+                                f"memory-mapped")
+
+    def prepare_dir(self, sources: list[str], out, kind: str | None, vocab: int | None,
+                    text_field: str = "text", val_fraction: float = 0.1,
+                    encoding: str = "utf-8", errors: str = "strict", echo=print) -> dict:
+        """``minitransformer prepare``: fit the tokenizer on the sources (a full pass for the
+        char alphabet, the text itself for BPE), then stream them into ``out``'s shards."""
+        files = source_files(sources)
+        kind = kind or "char"
+        fitted = self._fit_streamed(files, kind, vocab, text_field, encoding, errors)
+        separator = self.bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
+        total = sum(p.stat().st_size for p in files)
+        with tqdm(total=total, unit="B", unit_scale=True, desc="prepare",
+                  disable=not sys.stderr.isatty() or None) as bar:
+            manifest = write_shards(read_documents(files, text_field, encoding, errors), fitted,
+                                    out, fingerprint(files), val_fraction,
+                                    separator=separator, progress=bar.update)
+        echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
+             f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
+             f"{fitted.vocab_size:,} ids, {manifest['dtype']}); train on it: minitransformer "
+             f"train --data {out} --out RUN")
+        return manifest
+
+    def _fit_streamed(self, files, kind: str, vocab: int | None, text_field: str,
+                      encoding: str, errors: str):
+        docs = read_documents(files, text_field, encoding, errors)
+        if kind == "char":
+            alphabet: set[str] = set()
+            for i, doc in enumerate(docs):
+                alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
+            if not alphabet:
+                raise NotApplicable("the sources hold no text: nothing to prepare")
+            return CharTokenizer(sorted(alphabet))
+        text = "\n".join(doc.text for doc in docs)
+        return fit_tokenizer(kind, text, vocab, *(
+            (self.special_tokens,) if self.special_tokens else ()))
 
     def _encode(self, text: str, tokenizer, source: str, encoding: str, newline: str,
                 crlf: int) -> Prepared:

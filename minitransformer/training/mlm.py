@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data.shards import token_counts
 from ..models.mlm import IGNORE, mask_tokens, masked_accuracy
 from .task import Batch, WindowTask
 
@@ -31,7 +32,7 @@ class MaskedLMTask(WindowTask):
         super().__init__(train_ids, val_ids, block_size)
         self.mask_id, self.vocab_size = mask_id, vocab_size
         self.mask_prob = mask_prob
-        counts = torch.bincount(train_ids, minlength=vocab_size)  # (V,)
+        counts = token_counts(train_ids, vocab_size)  # (V,)
         self.most_frequent = int(counts.argmax())
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:

@@ -1,0 +1,62 @@
+"""``minitransformer prepare``: a corpus tokenized once into memory-mapped shards.
+
+    minitransformer prepare --data books/ --out data/books                 (characters)
+    minitransformer prepare --data export.jsonl --text_field body --tokenizer bpe --out data/x
+    minitransformer train --data data/books --out runs/books               (reads the shards)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data.shards import MANIFEST
+from ..errors import UserError
+from ..families import FAMILIES, get_family
+from ..tokenizers import TOKENIZERS
+from .flags import positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "prepare", help="tokenize a corpus once into memory-mapped shards (DATA_DIR)",
+        description="Read text files, folders of them, globs or JSONL (one document per line, "
+                    "its --text_field), fit the tokenizer, and write DATA_DIR: tokens.bin, "
+                    "tokenizer.json, manifest.json. train --data DATA_DIR then reads windows "
+                    "from the memory map, whatever the corpus size.")
+    p.add_argument("--data", action="append", required=True, metavar="SOURCE",
+                   help="a bundled corpus, a file, a folder or a glob; give it several times to "
+                        "prepare sources together, in that order")
+    p.add_argument("--out", required=True, help="the DATA_DIR to write")
+    p.add_argument("--model", default="gpt", choices=[n for n, f in FAMILIES.items()
+                                                      if "char" in f.tokenizers],
+                   help="the family that will train on it (its special tokens; default gpt)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                   help="char (default) or a BPE kind with --vocab_size entries")
+    p.add_argument("--vocab_size", type=positive_int, default=None,
+                   help="BPE vocabulary size (default 1024)")
+    p.add_argument("--text_field", default="text",
+                   help="the field of each JSONL record that holds its text (default text)")
+    p.add_argument("--val_fraction", type=float, default=0.1,
+                   help="the share of tokens at the end that is the val split (default 0.1)")
+    p.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
+    p.add_argument("--errors", choices=["strict", "replace", "skip"], default="strict",
+                   help="undecodable bytes: stop (strict), replace them, or skip the file "
+                        "(default strict)")
+    p.add_argument("--force", action="store_true", help="replace a DATA_DIR already there")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder")
+    if (out / MANIFEST).exists() and not args.force:
+        raise UserError(f"{out} already holds prepared data; pass --force to replace it")
+    family = get_family(args.model)
+    if args.tokenizer is not None and args.tokenizer not in family.tokenizers:
+        raise UserError(f"--tokenizer {args.tokenizer} does not apply to {family.title} runs")
+    if args.vocab_size is not None and args.tokenizer in (None, "char"):
+        raise UserError("--vocab_size sets a BPE vocabulary; add --tokenizer bpe")
+    family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size, args.text_field,
+                       args.val_fraction, args.encoding, args.errors)
+    return 0

@@ -1,0 +1,124 @@
+"""prepare: sources into memory-mapped token shards; train and evaluate read them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minitransformer.cli import main
+from minitransformer.data.shards import MANIFEST, TOKENS, open_shards
+from minitransformer.tokenizers import load_tokenizer
+
+ENGLISH = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind.\n" * 30
+CHINESE = "从前有座山，山里有座庙。\n我吃了一个红苹果。\n" * 40
+DEBUG = ["--preset", "debug", "--block_size", "16", "--max_iters", "6", "--eval_interval", "3",
+         "--eval_iters", "2", "--sample_tokens", "0", "--quiet"]
+
+
+def _decode(folder) -> str:
+    manifest, train, val = open_shards(folder)
+    tok = load_tokenizer(folder / "tokenizer.json")
+    ids = np.fromfile(folder / TOKENS, dtype=manifest["dtype"]).tolist()
+    assert len(train) + len(val) == len(ids) == manifest["tokens"]
+    return tok.decode(ids)
+
+
+def test_a_folder_of_english_and_chinese_decodes_back_exactly(tmp_path):
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text(ENGLISH, encoding="utf-8")
+    (books / "b.txt").write_text(CHINESE, encoding="utf-8")
+    assert main(["prepare", "--data", str(books), "--out", str(tmp_path / "dd")]) == 0
+    assert _decode(tmp_path / "dd") == ENGLISH + "\n\n" + CHINESE
+    manifest = json.loads((tmp_path / "dd" / MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["documents"] == 2 and manifest["dtype"] == "uint16"
+    assert manifest["val_start"] == len(ENGLISH)  # the last document is the val split
+    assert sum(manifest["counts"]) == manifest["tokens"]
+    assert all(s["path"].endswith(n) for s, n in zip(manifest["sources"], ["a.txt", "b.txt"],
+                                                     strict=True))
+
+
+def test_jsonl_with_bpe_decodes_back_exactly(tmp_path):
+    rows = [{"text": ENGLISH[:500], "id": 1}, {"text": CHINESE[:300], "id": 2},
+            {"text": ENGLISH[500:1500], "id": 3}]
+    path = tmp_path / "export.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n",
+                    encoding="utf-8")
+    assert main(["prepare", "--data", str(path), "--out", str(tmp_path / "dd"), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300"]) == 0
+    manifest, _, _ = open_shards(tmp_path / "dd")
+    tok = load_tokenizer(tmp_path / "dd" / "tokenizer.json")
+    ids = np.fromfile(tmp_path / "dd" / TOKENS, dtype=manifest["dtype"]).tolist()
+    eot = tok.token_to_id("<|endoftext|>")
+    assert ids.count(eot) == 2  # GPT-2's end-of-text between documents
+    pieces, cur = [], []
+    for i in ids:
+        if i == eot:
+            pieces.append(tok.decode(cur))
+            cur = []
+        else:
+            cur.append(i)
+    pieces.append(tok.decode(cur))
+    assert pieces == [r["text"] for r in rows]
+
+
+def test_training_on_prepared_shards_equals_training_on_the_file(tmp_path, capsys):
+    """One file: the same ids, the same split, the same batches, the same losses."""
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH * 3, encoding="utf-8")
+    assert main(["prepare", "--data", str(text), "--out", str(tmp_path / "dd")]) == 0
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "mem"), *DEBUG]) == 0
+    assert main(["train", "--data", str(tmp_path / "dd"), "--out", str(tmp_path / "map"),
+                 *DEBUG]) == 0
+    log = [(tmp_path / r / "log.csv").read_text(encoding="utf-8").splitlines()
+           for r in ("mem", "map")]
+    strip = [[",".join(row.split(",")[:5]) for row in rows] for rows in log]  # no timings
+    assert strip[0] == strip[1]
+    capsys.readouterr()
+    # resumed and evaluated from the run folder alone, whatever the working directory
+    assert main(["train", "--out", str(tmp_path / "map"), "--resume", "--max_iters", "9",
+                 "--quiet"]) == 0
+    assert main(["evaluate", str(tmp_path / "map")]) == 0
+    assert "val loss" in capsys.readouterr().out
+
+
+def test_an_encoder_trains_on_shards(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH * 3, encoding="utf-8")
+    assert main(["prepare", "--model", "encoder", "--data", str(text), "--out",
+                 str(tmp_path / "dd")]) == 0
+    assert main(["train", "--model", "encoder", "--data", str(tmp_path / "dd"), "--out",
+                 str(tmp_path / "run"), *DEBUG]) == 0
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"text": "fine"}\nnot json\n', ["bad.jsonl:2", "not a JSON object"]),
+    ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "--text_field"]),
+])
+def test_bad_jsonl_names_the_line(tmp_path, capsys, content, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    assert main(["prepare", "--data", str(path), "--out", str(tmp_path / "dd")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(w in err for w in words), err
+    assert not (tmp_path / "dd" / MANIFEST).exists()
+
+
+def test_bad_folders_and_manifests_are_user_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["prepare", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "d")]) \
+        == 2
+    assert "empty folder" in capsys.readouterr().err
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH, encoding="utf-8")
+    assert main(["prepare", "--data", str(text), "--out", str(tmp_path / "dd")]) == 0
+    assert main(["prepare", "--data", str(text), "--out", str(tmp_path / "dd")]) == 2
+    assert "--force" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "dd" / MANIFEST).read_text(encoding="utf-8"))
+    (tmp_path / "dd" / MANIFEST).write_text(json.dumps({**manifest, "version": 99}),
+                                            encoding="utf-8")
+    assert main(["train", "--data", str(tmp_path / "dd"), "--out", str(tmp_path / "r"),
+                 *DEBUG]) == 2
+    assert "prepare it again" in capsys.readouterr().err
