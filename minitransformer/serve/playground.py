@@ -38,25 +38,25 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 @torch.inference_mode()
 def inspect(model, tokenizer, text: str, position: int, top: int) -> dict:
-    """Top next-token probabilities and every head's attention at one position of ``text``
-    (its last ``block_size`` tokens; ``offset`` says how many came before them)."""
+    """Top next-token probabilities and every head's attention at one position of ``text``,
+    seen as the model sees it: through the window of at most ``block_size`` tokens that ends
+    there (``offset``: the tokens before that window)."""
     ids = _encode(tokenizer, text)
-    offset = max(0, len(ids) - model.config.block_size)
-    window = ids[offset:]
     pos = position if position >= 0 else len(ids) + position
-    if not offset <= pos < len(ids):
-        raise APIError(400, f"position {position} is outside the model's window of this text "
-                            f"(tokens {offset} .. {len(ids) - 1})", "position", "bad_position")
+    if not 0 <= pos < len(ids):
+        raise APIError(400, f"position {position} is outside the text's {len(ids)} tokens",
+                       "position", "bad_position")
+    offset = max(0, pos + 1 - model.config.block_size)
+    window = ids[offset:pos + 1]
     idx = torch.tensor([window], device=next(model.parameters()).device)  # (1, T)
     logits, _, internals = model(idx, return_internals=True)  # (1, T, V)
-    at = pos - offset
-    probs = torch.softmax(logits[0, at].float(), dim=-1)  # (V,)
+    probs = torch.softmax(logits[0, -1].float(), dim=-1)  # (V,)
     best = torch.topk(probs, min(top, probs.numel()))
     return {"offset": offset, "position": pos, "tokens": token_labels(tokenizer, window),
             "top": [{"token": label, "id": int(i), "prob": float(p)} for label, i, p in
                     zip(token_labels(tokenizer, best.indices.tolist()), best.indices,
                         best.values, strict=True)],
-            "attention": [[row.tolist() for row in a[0, :, at, :at + 1].float()]
+            "attention": [[row.tolist() for row in a[0, :, -1, :].float()]
                           for a in internals.attentions]}  # [layer][head][key]
 
 
@@ -84,6 +84,10 @@ def router(run, settings, worker, authorized) -> APIRouter:
     async def index():
         return HTMLResponse(page)
 
+    @r.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)  # no icon, and no 404 in the browser's console
+
     @r.get("/assets/{name}", include_in_schema=False)
     async def asset(name: str):
         if name not in assets:
@@ -109,7 +113,8 @@ def router(run, settings, worker, authorized) -> APIRouter:
     async def tokenize(req: InspectRequest) -> dict:
         need("sample")
         ids = _encode(run.tokenizer, req.text)
-        return {"ids": ids, "tokens": token_labels(run.tokenizer, ids)}
+        return {"ids": ids, "tokens": token_labels(run.tokenizer, ids),
+                "texts": [run.tokenizer.decode([i]) for i in ids]}
 
     @api.post("/inspect")
     async def inspect_(req: InspectRequest) -> dict:

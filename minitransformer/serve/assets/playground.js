@@ -1,1 +1,294 @@
 "use strict";
+// The playground: streams completions from /v1/completions and asks /api/ what the model
+// computes at a token. Model output and prompts only ever reach the page as textContent.
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const state = { info: null, key: "", prompt: "", generated: "", count: 0, nPrompt: 0,
+                  controller: null, inspect: null, pos: null };
+
+  function headers() {
+    const h = { "Content-Type": "application/json" };
+    if (state.key) h.Authorization = "Bearer " + state.key;
+    return h;
+  }
+
+  async function api(path, body) {
+    const init = body === undefined ? { headers: headers() }
+      : { method: "POST", headers: headers(), body: JSON.stringify(body) };
+    const r = await fetch(path, init);
+    const data = await r.json();
+    if (!r.ok) {
+      const e = new Error(data.error ? data.error.message : r.statusText);
+      e.status = r.status;
+      throw e;
+    }
+    return data;
+  }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function setStatus(id, text, error) {
+    $(id).textContent = text;
+    $(id).classList.toggle("error", Boolean(error));
+  }
+
+  function options(select, n, extra) {
+    select.replaceChildren();
+    for (let i = 0; i < n; i++) select.append(new Option(String(i), String(i)));
+    if (extra) select.append(new Option(extra, "all"));
+  }
+
+  // -- GPT runs: generate ------------------------------------------------------------------
+  function addToken(text, pos, prompt) {
+    const span = el("span", prompt ? "token prompt" : "token", text);
+    span.dataset.pos = String(pos);
+    if (text.includes("\n")) span.classList.add("nl");  // a visible, clickable mark (CSS)
+    if (pos === state.pos) span.classList.add("selected");
+    $("output").append(span);
+  }
+
+  async function renderTokens(text, nPrompt) {
+    const tok = await api("/api/tokenize", { text });
+    $("output").replaceChildren();
+    tok.texts.forEach((t, i) => addToken(t, i, i < nPrompt));
+    return tok.ids.length;
+  }
+
+  function request() {
+    const body = { model: state.info.model, prompt: state.prompt, stream: true, logprobs: 0,
+                   max_tokens: Number($("max_tokens").value),
+                   temperature: Number($("temperature").value),
+                   top_p: Number($("top_p").value), top_k: Number($("top_k").value) };
+    if ($("seed").value !== "") body.seed = Number($("seed").value);
+    return body;
+  }
+
+  function onChunk(chunk) {
+    if (chunk.error) throw new Error(chunk.error.message);
+    const choice = chunk.choices[0];
+    state.generated += choice.text;
+    for (const t of choice.logprobs ? choice.logprobs.tokens : []) {
+      addToken(t, state.nPrompt + state.count, false);
+      state.count += 1;
+    }
+    if (choice.finish_reason) state.finish = choice.finish_reason;
+  }
+
+  async function readStream(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const line = buffer.slice(0, cut).replace(/^data: /, "");
+        buffer = buffer.slice(cut + 2);
+        if (line === "[DONE]") return;
+        onChunk(JSON.parse(line));
+      }
+    }
+  }
+
+  async function generate() {
+    if (state.controller) state.controller.abort();
+    state.prompt = $("prompt").value;
+    Object.assign(state, { generated: "", count: 0, finish: null, pos: null });
+    $("inspect").hidden = true;
+    delete document.body.dataset.generated;
+    $("generate").disabled = true;
+    $("stop").disabled = false;
+    const controller = new AbortController();
+    state.controller = controller;
+    try {
+      state.nPrompt = await renderTokens(state.prompt, Infinity);
+      setStatus("status", "generating\u2026");
+      const r = await fetch("/v1/completions", { method: "POST", headers: headers(),
+        body: JSON.stringify(request()), signal: controller.signal });
+      if (!r.ok) {
+        const data = await r.json();
+        throw new Error(data.error ? data.error.message : r.statusText);
+      }
+      await readStream(r);
+      await renderTokens(state.prompt + state.generated, state.nPrompt);
+      setStatus("status", `done: ${state.count} tokens (${state.finish || "stopped"})`);
+      document.body.dataset.generated = String(state.count);
+    } catch (e) {
+      if (e.name === "AbortError") setStatus("status", `stopped after ${state.count} tokens`);
+      else setStatus("status", e.message, true);
+    } finally {
+      if (state.controller === controller) state.controller = null;
+      $("generate").disabled = false;
+      $("stop").disabled = true;
+    }
+  }
+
+  // -- GPT runs: one position --------------------------------------------------------------
+  function renderProbs(data) {
+    const body = $("probs").tBodies[0];
+    body.replaceChildren();
+    const most = data.top.length ? data.top[0].prob : 1;  // bars relative to the likeliest
+    for (const row of data.top) {
+      const tr = el("tr");
+      tr.append(el("td", "tok", row.token));
+      const p = el("td", "prob", row.prob.toFixed(4));
+      p.dataset.prob = String(row.prob);
+      const bar = el("span", "bar");
+      bar.style.width = `${Math.round((row.prob / most) * 240)}px`;
+      const cell = el("td");
+      cell.append(bar);
+      tr.append(p, cell);
+      body.append(tr);
+    }
+  }
+
+  function renderAttention() {
+    const data = state.inspect;
+    if (!data) return;
+    const box = $("attention");
+    box.replaceChildren();
+    const layer = data.attention[Number($("layer").value)];
+    const keys = data.tokens.slice(0, data.position - data.offset + 1);
+    if ($("head").value === "all") {
+      const grid = el("div", "grid");
+      grid.style.gridTemplateColumns = `auto repeat(${keys.length}, 1.4em)`;
+      layer.forEach((weights, h) => {
+        grid.append(el("span", "label", `head ${h}`));
+        weights.forEach((w, j) => {
+          const c = el("span", "cell");
+          c.style.opacity = String(Math.max(w, 0.02));
+          c.title = `${keys[j]}: ${w.toFixed(3)}`;
+          c.dataset.weight = String(w);
+          grid.append(c);
+        });
+      });
+      box.append(grid);
+      return;
+    }
+    const weights = layer[Number($("head").value)];
+    const most = Math.max(...weights);
+    weights.forEach((w, j) => {
+      const row = el("div", "att-row");
+      const value = el("span", "weight", w.toFixed(3));
+      value.dataset.weight = String(w);
+      const bar = el("span", "bar");
+      bar.style.width = `${Math.round((w / most) * 240)}px`;
+      row.append(el("span", "label tok", keys[j]), value, bar);
+      box.append(row);
+    });
+  }
+
+  async function inspect(pos) {
+    state.pos = pos;
+    for (const s of $("output").querySelectorAll(".token")) {
+      s.classList.toggle("selected", Number(s.dataset.pos) === pos);
+    }
+    try {
+      const data = await api("/api/inspect", { text: state.prompt + state.generated,
+                                               position: pos, top: 10 });
+      state.inspect = data;
+      $("at-token").textContent = data.tokens[data.position - data.offset];
+      $("at-pos").textContent = `(position ${data.position})`;
+      renderProbs(data);
+      renderAttention();
+      $("inspect").hidden = false;
+      $("inspect").dataset.position = String(data.position);
+    } catch (e) {
+      setStatus("status", e.message, true);
+    }
+  }
+
+  // -- encoder-decoder runs ----------------------------------------------------------------
+  async function translate() {
+    setStatus("t-status", "translating\u2026");
+    try {
+      const data = await api("/api/translate", { text: $("source").value,
+                                                 beam: Number($("beam").value) });
+      $("translation").textContent = data.translation;
+      const box = $("alignment");
+      box.replaceChildren();
+      if (data.cross_attention) {
+        const a = data.cross_attention;
+        const grid = el("div", "grid");
+        grid.style.gridTemplateColumns = `auto repeat(${a.source.length}, 1.4em)`;
+        grid.append(el("span", "label", ""));
+        for (const s of a.source) grid.append(el("span", "label col", s));
+        a.weights.forEach((row, i) => {
+          grid.append(el("span", "label", a.target[i]));
+          row.forEach((w, j) => {
+            const c = el("span", "cell");
+            c.style.opacity = String(Math.max(w, 0.02));
+            c.title = `${a.target[i]} \u2192 ${a.source[j]}: ${w.toFixed(3)}`;
+            c.dataset.weight = String(w);
+            grid.append(c);
+          });
+        });
+        box.append(grid);
+      }
+      setStatus("t-status", "");
+    } catch (e) {
+      setStatus("t-status", e.message, true);
+    }
+  }
+
+  // -- start -------------------------------------------------------------------------------
+  function wire() {
+    for (const id of ["temperature", "top_k", "top_p", "max_tokens"]) {
+      $(id).addEventListener("input", () => { $(`${id}-out`).textContent = $(id).value; });
+    }
+    $("generate").addEventListener("click", generate);
+    $("stop").addEventListener("click", () => state.controller && state.controller.abort());
+    $("output").addEventListener("click", (ev) => {
+      const t = ev.target.closest(".token");
+      if (t) inspect(Number(t.dataset.pos));
+    });
+    $("layer").addEventListener("change", renderAttention);
+    $("head").addEventListener("change", renderAttention);
+    $("translate").addEventListener("click", translate);
+    $("key").addEventListener("change", () => { state.key = $("key").value; start(); });
+  }
+
+  function show(info) {
+    state.info = info;
+    document.body.dataset.ready = "true";
+    $("keybox").hidden = !info.auth;
+    $("model").textContent = `${info.title} run \u201c${info.model}\u201d`;
+    if (info.completions) {
+      $("gpt").hidden = false;
+      const cap = Math.min(info.max_tokens, 1024);
+      $("max_tokens").max = String(cap);
+      if (Number($("max_tokens").value) > cap) $("max_tokens").value = String(cap);
+      $("max_tokens-out").textContent = $("max_tokens").value;
+      options($("layer"), info.n_layer);
+      options($("head"), info.n_head, "all heads");
+    } else if (info.translate) {
+      $("seq2seq").hidden = false;
+    } else {
+      $("other").hidden = false;
+      $("other-text").textContent = `${info.title} runs have no view here yet.`;
+    }
+  }
+
+  async function start() {
+    try {
+      show(await api("/api/info"));
+    } catch (e) {
+      if (e.status === 401) {
+        $("keybox").hidden = false;
+        $("model").textContent = "this server needs an API key";
+      } else {
+        $("model").textContent = e.message;
+      }
+    }
+  }
+
+  wire();
+  start();
+})();

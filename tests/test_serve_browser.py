@@ -1,0 +1,146 @@
+"""The playground of ``serve`` in real headless Chromium (Debian's package, driven by
+playwright), against a live server on 127.0.0.1: type a prompt, Generate, watch the tokens
+stream in, click one and read back the model's own probabilities and attention (computed
+here from the checkpoint). Prompts and model output full of HTML render as text: no dialog,
+no request but to the server, no console error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import urllib.request
+
+import pytest
+import torch
+
+from minitransformer.config import GPTConfig
+from minitransformer.families import load_run
+from minitransformer.models import GPT
+from minitransformer.serve import Settings, create_app, running
+from minitransformer.tokenizers import CharTokenizer
+from minitransformer.training.checkpoint import write_model_files
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                               "(it is in the test extra: pip install -e '.[test]')")
+pytest.importorskip("fastapi", reason="fastapi and uvicorn are dependencies of serve")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no chromium executable: `make install` installs Debian's chromium with "
+                "apt-get; it could not be installed on this machine", allow_module_level=True)
+
+ATTACK = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+ALPHABET = "abcdefgh ROME:\n" + ATTACK
+N_LAYER, N_HEAD = 2, 3
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A GPT whose alphabet is mostly markup (so its samples are too), far from uniform."""
+    folder = tmp_path_factory.mktemp("play") / "markup"
+    tokenizer = CharTokenizer.fit(ALPHABET)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=N_LAYER,
+                    n_head=N_HEAD, n_embd=24)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(folder, model, meta, tokenizer)
+    run = load_run(folder)
+    with running(create_app(run, Settings(model_id="markup"))) as url:
+        yield url, run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, served):
+    url, _ = served
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.requests, page.errors, page.dialogs = [], [], []
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.set_default_timeout(15000)
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=true]")
+    yield page
+    assert not page.dialogs and not page.errors, (page.dialogs, page.errors)
+    assert all(r.startswith(url) for r in page.requests), page.requests
+    page.close()
+
+
+def _set(page, selector: str, value) -> None:
+    page.eval_on_selector(selector, "(e, v) => { e.value = v; e.dispatchEvent("
+                          "new Event('input')); }", str(value))
+
+
+def generate(page, prompt: str, n: int, seed: int) -> str:
+    page.fill("#prompt", prompt)
+    _set(page, "#max_tokens", n)
+    _set(page, "#temperature", 0.9)
+    _set(page, "#top_k", 0)
+    _set(page, "#top_p", 1)
+    page.fill("#seed", str(seed))
+    page.click("#generate")
+    page.wait_for_selector(f"body[data-generated='{n}']")
+    return page.inner_text("#output")
+
+
+def test_the_page_is_strict_about_scripts(served):
+    url, _ = served
+    with urllib.request.urlopen(url, timeout=10) as r:
+        csp, html = r.headers["Content-Security-Policy"], r.read().decode()
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert html.count("<script") == html.count("<script src=") == 1
+    assert "http://" not in html and "https://" not in html  # nothing from a CDN
+
+
+def test_generate_streams_the_seeded_sample_and_markup_stays_text(page, served):
+    _, run = served
+    text = generate(page, "ROME" + ATTACK, 30, seed=3)
+    idx = torch.tensor([run.tokenizer.encode("ROME" + ATTACK)])
+    want = run.model.generate(idx, 30, 0.9, None, None, 3)[0].tolist()
+    spans = page.eval_on_selector_all("#output .token", "s => s.map(e => e.textContent)")
+    assert spans == [run.tokenizer.decode([i]) for i in want]
+    assert page.text_content("#output") == run.tokenizer.decode(want)
+    assert "<img" in text and page.query_selector("#output img, #output script") is None
+    assert page.text_content("#status").startswith("done: 30 tokens")
+
+
+def test_a_clicked_token_shows_the_models_probabilities_and_attention(page, served):
+    _, run = served
+    generate(page, "ROME:", 12, seed=1)
+    full = page.text_content("#output")
+    pos = 9
+    page.click(f"#output .token[data-pos='{pos}']")
+    page.wait_for_selector(f"#inspect[data-position='{pos}']")
+    ids = torch.tensor([run.tokenizer.encode(full)])
+    with torch.no_grad():
+        logits, _, internals = run.model(ids, return_internals=True)
+    probs = torch.softmax(logits[0, pos].float(), -1)
+    top = torch.topk(probs, 10)
+    shown = page.eval_on_selector_all("#probs td.prob", "c => c.map(e => Number(e.dataset.prob))")
+    torch.testing.assert_close(torch.tensor(shown), top.values, atol=1e-5, rtol=1e-5)
+    for layer in range(N_LAYER):
+        for head in range(N_HEAD):
+            page.select_option("#layer", str(layer))
+            page.select_option("#head", str(head))
+            got = page.eval_on_selector_all("#attention .weight",
+                                            "c => c.map(e => Number(e.dataset.weight))")
+            want = internals.attentions[layer][0, head, pos, :pos + 1]
+            torch.testing.assert_close(torch.tensor(got), want, atol=1e-5, rtol=1e-5)
+    page.select_option("#head", "all")
+    cells = page.eval_on_selector_all("#attention .cell", "c => c.length")
+    assert cells == N_HEAD * (pos + 1)
