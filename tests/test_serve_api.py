@@ -59,8 +59,9 @@ def reference(run, prompt: str, n: int, seed: int, temperature: float = 1.0,
     return run.tokenizer.decode(out[0, idx.shape[1]:].tolist())
 
 
-def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "v1/completions", data=body, method="POST",
+def post(url: str, body: bytes, headers: dict | None = None,
+         path: str = "v1/completions") -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=body, method="POST",
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -233,3 +234,25 @@ def test_api_key_queue_limit_and_disconnect(run):
         assert app.state.worker.outstanding == 0  # stopped long before 1024 tokens
         assert len(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
                    .choices[0].text) == 2
+
+
+def test_inspect_sees_a_position_through_the_window_that_ends_there(url, run):
+    """Early in a text longer than block_size (32): the model on the 32 tokens up to it."""
+    text = TINY_TEXT[:80]
+    status, body = post(url, json.dumps({"text": text, "position": 40, "top": 5}).encode(),
+                        path="api/inspect")
+    assert status == 200 and body["offset"] == 40 - 31 and len(body["tokens"]) == 32
+    ids = torch.tensor([run.tokenizer.encode(text)[9:41]])
+    with torch.no_grad():
+        logits, _, internals = run.model(ids, return_internals=True)
+    probs = torch.softmax(logits[0, -1], -1)
+    torch.testing.assert_close(torch.tensor([t["prob"] for t in body["top"]]),
+                               torch.topk(probs, 5).values)
+    torch.testing.assert_close(torch.tensor(body["attention"][1]),
+                               internals.attentions[1][0, :, -1, :])
+
+
+def test_a_gpt_server_does_not_translate(url):
+    status, body = post(url, b'{"text": "hola"}', path="api/translate")
+    assert status == 400
+    assert_openai_error(body)

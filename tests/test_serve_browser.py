@@ -144,3 +144,53 @@ def test_a_clicked_token_shows_the_models_probabilities_and_attention(page, serv
     page.select_option("#head", "all")
     cells = page.eval_on_selector_all("#attention .cell", "c => c.length")
     assert cells == N_HEAD * (pos + 1)
+
+
+@pytest.fixture(scope="module")
+def served_seq2seq(tmp_path_factory):
+    """An untrained encoder-decoder with a joint BPE fitted on a few sentences."""
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.tokenizers import BPETokenizer
+
+    folder = tmp_path_factory.mktemp("play") / "en-es"
+    texts = ["In the beginning God created the heavens.", "En el principio Dios creó los cielos.",
+             "The earth was empty.", "La tierra estaba vacía."] * 4
+    tokenizer = BPETokenizer.train(texts, 300)
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2,
+                        n_embd=16, d_ff=32, dropout=0.0)
+    meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(folder, Seq2SeqTransformer(cfg), meta, tokenizer)
+    run = load_run(folder)
+    with running(create_app(run, Settings(model_id="en-es"))) as url:
+        yield url, run
+
+
+def test_the_translate_view_shows_the_translation_and_its_alignment(browser, served_seq2seq):
+    url, run = served_seq2seq
+    page = browser.new_page()
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_default_timeout(15000)
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.is_visible("#seq2seq") and not page.is_visible("#gpt")
+    source = "In the beginning <b>God</b>"
+    page.fill("#source", source)
+    page.fill("#beam", "2")
+    page.click("#translate")
+    page.wait_for_selector("#alignment .cell")
+    device = torch.device("cpu")
+    want = run.family.translate(run.model, run.tokenizer, [source], {"beam": 2}, device)[0]
+    assert page.text_content("#translation") == want
+    views = run.family.attention_views(run.model, run.tokenizer, source, want)
+    cross = next(v for v in views if "cross" in v.name.lower())
+    got = page.eval_on_selector_all("#alignment .cell", "c => c.map(e => Number(e.dataset.weight))")
+    torch.testing.assert_close(torch.tensor(got), cross.weights.mean(dim=(0, 1)).flatten(),
+                               atol=1e-5, rtol=1e-5)
+    assert page.query_selector("#seq2seq b") is None and not errors
+    assert all(r.startswith(url) for r in requests), requests
+    page.close()

@@ -63,7 +63,10 @@ def inspect(model, tokenizer, text: str, position: int, top: int) -> dict:
 def translate(run, text: str, beam: int) -> dict:
     """The translation of one sentence and the cross-attention that produced it."""
     device = next(run.model.parameters()).device
-    out = run.family.translate(run.model, run.tokenizer, [text], {"beam": beam}, device)[0]
+    try:
+        out = run.family.translate(run.model, run.tokenizer, [text], {"beam": beam}, device)[0]
+    except UserError as e:  # a sentence longer than the model reads, say
+        raise APIError(400, f"text: {e}", "text", "bad_text") from None
     views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text, out)}
     cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
     body = {"translation": out}
