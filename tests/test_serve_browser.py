@@ -194,3 +194,53 @@ def test_the_translate_view_shows_the_translation_and_its_alignment(browser, ser
     assert page.query_selector("#seq2seq b") is None and not errors
     assert all(r.startswith(url) for r in requests), requests
     page.close()
+
+
+@pytest.fixture(scope="module")
+def served_encoder(tmp_path_factory):
+    """An untrained masked-LM encoder on characters ([MASK] = one id past them)."""
+    from minitransformer.config import EncoderConfig
+    from minitransformer.models import EncoderModel
+
+    folder = tmp_path_factory.mktemp("play") / "mlm"
+    tokenizer = CharTokenizer.fit("abcdefgh <>")
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
+                        block_size=32, n_layer=1, n_head=2, n_embd=16)
+    model = EncoderModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    meta = {"format": "minitransformer", "version": 1, "family": "encoder",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(folder, model, meta, tokenizer)
+    run = load_run(folder)
+    with running(create_app(run, Settings(model_id="mlm"))) as url:
+        yield url, run
+
+
+def test_the_fill_mask_view_shows_the_models_predictions(browser, served_encoder):
+    url, run = served_encoder
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_default_timeout(15000)
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.is_visible("#encoder") and not page.is_visible("#gpt")
+    page.fill("#masked", "ab[MASK]d <b>")
+    page.click("#fill")
+    page.wait_for_selector("#slots[data-slots='1']")
+    mask = run.model.config.mask_id
+    ids = run.tokenizer.encode("ab") + [mask] + run.tokenizer.encode("d <b>")
+    with torch.no_grad():
+        logits, _ = run.model(torch.tensor([ids]))
+    probs = torch.softmax(logits[0, 2], -1)
+    probs[mask] = 0
+    shown = page.eval_on_selector_all("#slots td.prob", "c => c.map(e => Number(e.dataset.prob))")
+    torch.testing.assert_close(torch.tensor(shown), torch.topk(probs, 5).values)
+    assert page.query_selector("#filled b") is None
+    page.click("#filled .token[data-pos='0']")  # mask the first token too
+    page.wait_for_selector("#slots[data-slots='2']")
+    assert page.input_value("#masked") == "[MASK]b[MASK]d <b>" and not errors
+    page.close()

@@ -4,7 +4,7 @@
     POST /v1/completions        OpenAI's completions API (GPT runs), SSE streaming
     POST /v1/chat/completions   an OpenAI-shaped error: these are completion models
     GET  /                      the playground page; /assets/NAME its scripts and styles
-    GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate   what the page uses
+    GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate, /api/fill-mask: the page
 
 FastAPI's /docs and /redoc load scripts from a CDN, so they are off; /openapi.json stays.
 """

@@ -3,77 +3,27 @@
 Only the files named in ``ASSETS`` are served, read once from the package (no path from a URL
 reaches the file system). What a run offers follows its family's commands: a run that
 samples (GPT) gets tokenize and inspect (next-token probabilities and attention at one
-position), a run that translates gets translate (with the cross-attention of the result).
+position), a run that translates gets translate (with the cross-attention of the result), a
+masked-LM encoder gets fill-mask.
 """
 
 from __future__ import annotations
 
 from importlib import resources
 
-import torch
 from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
 
-from ..errors import UserError
 from ..viz.trace import token_labels
 from .errors import APIError
-from .schemas import InspectRequest, TranslateRequest
+from .probes import encode, fill_mask, fills_masks, inspect, translate
+from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
 ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css"}
 
 
 def _read(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    try:
-        ids = tokenizer.encode(text)
-    except (UserError, ValueError, KeyError) as e:
-        raise APIError(400, f"text: {e}", "text", "unknown_characters") from None
-    if not ids:
-        raise APIError(400, "text encodes to no tokens", "text", "empty_prompt")
-    return ids
-
-
-@torch.inference_mode()
-def inspect(model, tokenizer, text: str, position: int, top: int) -> dict:
-    """Top next-token probabilities and every head's attention at one position of ``text``,
-    seen as the model sees it: through the window of at most ``block_size`` tokens that ends
-    there (``offset``: the tokens before that window)."""
-    ids = _encode(tokenizer, text)
-    pos = position if position >= 0 else len(ids) + position
-    if not 0 <= pos < len(ids):
-        raise APIError(400, f"position {position} is outside the text's {len(ids)} tokens",
-                       "position", "bad_position")
-    offset = max(0, pos + 1 - model.config.block_size)
-    window = ids[offset:pos + 1]
-    idx = torch.tensor([window], device=next(model.parameters()).device)  # (1, T)
-    logits, _, internals = model(idx, return_internals=True)  # (1, T, V)
-    probs = torch.softmax(logits[0, -1].float(), dim=-1)  # (V,)
-    best = torch.topk(probs, min(top, probs.numel()))
-    return {"offset": offset, "position": pos, "tokens": token_labels(tokenizer, window),
-            "top": [{"token": label, "id": int(i), "prob": float(p)} for label, i, p in
-                    zip(token_labels(tokenizer, best.indices.tolist()), best.indices,
-                        best.values, strict=True)],
-            "attention": [[row.tolist() for row in a[0, :, -1, :].float()]
-                          for a in internals.attentions]}  # [layer][head][key]
-
-
-def translate(run, text: str, beam: int) -> dict:
-    """The translation of one sentence and the cross-attention that produced it."""
-    device = next(run.model.parameters()).device
-    try:
-        out = run.family.translate(run.model, run.tokenizer, [text], {"beam": beam}, device)[0]
-    except UserError as e:  # a sentence longer than the model reads, say
-        raise APIError(400, f"text: {e}", "text", "bad_text") from None
-    views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text, out)}
-    cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
-    body = {"translation": out}
-    if cross is not None:
-        body["cross_attention"] = {"weights": cross.weights.mean(dim=(0, 1)).tolist(),
-                                   "source": cross.key_labels, "target": cross.query_labels}
-    return body
 
 
 def router(run, settings, worker, authorized) -> APIRouter:
@@ -102,7 +52,8 @@ def router(run, settings, worker, authorized) -> APIRouter:
         cfg = run.model.config
         return {"model": settings.model_id, "family": run.family.name,
                 "title": run.family.title, "completions": "sample" in commands,
-                "translate": "translate" in commands, "max_tokens": settings.max_tokens,
+                "translate": "translate" in commands, "fill_mask": fills_masks(run.model),
+                "max_tokens": settings.max_tokens,
                 "block_size": getattr(cfg, "block_size", None),
                 "n_layer": getattr(cfg, "n_layer", None), "n_head": getattr(cfg, "n_head", None),
                 "auth": settings.api_key is not None}
@@ -115,7 +66,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
     @api.post("/tokenize")
     async def tokenize(req: InspectRequest) -> dict:
         need("sample")
-        ids = _encode(run.tokenizer, req.text)
+        ids = encode(run.tokenizer, req.text)
         return {"ids": ids, "tokens": token_labels(run.tokenizer, ids),
                 "texts": [run.tokenizer.decode([i]) for i in ids]}
 
@@ -129,6 +80,14 @@ def router(run, settings, worker, authorized) -> APIRouter:
     async def translate_(req: TranslateRequest) -> dict:
         need("translate")
         return await worker.call(lambda job: translate(run, req.text, req.beam))
+
+    @api.post("/fill-mask")
+    async def fill_mask_(req: FillMaskRequest) -> dict:
+        if not fills_masks(run.model):
+            raise APIError(400, f"{run.family.title} runs do not fill masks", None,
+                           "not_applicable")
+        return await worker.call(lambda job: fill_mask(run.model, run.tokenizer, req.text,
+                                                       req.top))
 
     r.include_router(api)
     return r

@@ -54,3 +54,10 @@ class TranslateRequest(Strict):
 
     text: str = Field(min_length=1, description="one source sentence")
     beam: int = Field(1, ge=1, le=16, description="beam size; 1 = greedy")
+
+
+class FillMaskRequest(Strict):
+    """POST /api/fill-mask (masked-LM encoder runs)."""
+
+    text: str = Field(min_length=1, description="text with one or more [MASK] slots")
+    top: int = Field(5, ge=1, le=MAX_TOP, description="predictions per slot")

@@ -4,7 +4,7 @@
 (() => {
   const $ = (id) => document.getElementById(id);
   const state = { info: null, key: "", prompt: "", generated: "", count: 0, nPrompt: 0,
-                  controller: null, inspect: null, pos: null };
+                  controller: null, inspect: null, pos: null, masked: null };
 
   function headers() {
     const h = { "Content-Type": "application/json" };
@@ -238,6 +238,55 @@
     }
   }
 
+  // -- masked-LM encoder runs -------------------------------------------------------------
+  function renderFilled(data) {
+    const box = $("filled");
+    box.replaceChildren();
+    const best = new Map(data.slots.map((s) => [s.position, s.predictions[0]]));
+    data.texts.forEach((t, i) => {
+      const span = el("span", best.has(i) ? "token slot" : "token", best.has(i)
+        ? best.get(i).text : t);
+      if (t.includes("\n")) span.classList.add("nl");
+      span.dataset.pos = String(i);
+      box.append(span);
+    });
+    const slots = $("slots");
+    slots.replaceChildren();
+    data.slots.forEach((slot, n) => {
+      const panel = el("div", "panel slot-panel");
+      panel.append(el("h3", "", `[MASK] ${n + 1} (position ${slot.position})`));
+      const table = el("table");
+      for (const p of slot.predictions) {
+        const tr = el("tr");
+        const prob = el("td", "prob", p.prob.toFixed(4));
+        prob.dataset.prob = String(p.prob);
+        tr.append(el("td", "tok", p.token), prob);
+        table.append(tr);
+      }
+      panel.append(table);
+      slots.append(panel);
+    });
+  }
+
+  async function fill() {
+    setStatus("m-status", "");
+    try {
+      const data = await api("/api/fill-mask", { text: $("masked").value, top: 5 });
+      state.masked = data.texts;
+      renderFilled(data);
+      $("slots").dataset.slots = String(data.slots.length);
+    } catch (e) {
+      setStatus("m-status", e.message, true);
+    }
+  }
+
+  function maskToken(pos) {
+    const texts = state.masked.slice();
+    texts[pos] = "[MASK]";
+    $("masked").value = texts.join("");
+    fill();
+  }
+
   // -- start -------------------------------------------------------------------------------
   function wire() {
     for (const id of ["temperature", "top_k", "top_p", "max_tokens"]) {
@@ -252,6 +301,11 @@
     $("layer").addEventListener("change", renderAttention);
     $("head").addEventListener("change", renderAttention);
     $("translate").addEventListener("click", translate);
+    $("fill").addEventListener("click", fill);
+    $("filled").addEventListener("click", (ev) => {
+      const t = ev.target.closest(".token");
+      if (t && state.masked) maskToken(Number(t.dataset.pos));
+    });
     $("key").addEventListener("change", () => { state.key = $("key").value; start(); });
   }
 
@@ -270,6 +324,8 @@
       options($("head"), info.n_head, "all heads");
     } else if (info.translate) {
       $("seq2seq").hidden = false;
+    } else if (info.fill_mask) {
+      $("encoder").hidden = false;
     } else {
       $("other").hidden = false;
       $("other-text").textContent = `${info.title} runs have no view here yet.`;

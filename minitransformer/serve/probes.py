@@ -1,0 +1,111 @@
+"""What the playground asks of a model, computed on the worker thread.
+
+    inspect     GPT: next-token probabilities and every head's attention at one position
+    translate   encoder-decoder: a translation and the cross-attention that produced it
+    fill_mask   masked-LM encoder: the likeliest tokens for each [MASK] slot of a text
+
+Shapes: T time, V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError
+from ..viz.trace import token_labels
+from .errors import APIError
+
+MASK = "[MASK]"
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    try:
+        ids = tokenizer.encode(text)
+    except (UserError, ValueError, KeyError) as e:
+        raise APIError(400, f"text: {e}", "text", "unknown_characters") from None
+    if not ids:
+        raise APIError(400, "text encodes to no tokens", "text", "empty_prompt")
+    return ids
+
+
+@torch.inference_mode()
+def inspect(model, tokenizer, text: str, position: int, top: int) -> dict:
+    """Top next-token probabilities and every head's attention at one position of ``text``,
+    seen as the model sees it: through the window of at most ``block_size`` tokens that ends
+    there (``offset``: the tokens before that window)."""
+    ids = encode(tokenizer, text)
+    pos = position if position >= 0 else len(ids) + position
+    if not 0 <= pos < len(ids):
+        raise APIError(400, f"position {position} is outside the text's {len(ids)} tokens",
+                       "position", "bad_position")
+    offset = max(0, pos + 1 - model.config.block_size)
+    window = ids[offset:pos + 1]
+    idx = torch.tensor([window], device=next(model.parameters()).device)  # (1, T)
+    logits, _, internals = model(idx, return_internals=True)  # (1, T, V)
+    probs = torch.softmax(logits[0, -1].float(), dim=-1)  # (V,)
+    best = torch.topk(probs, min(top, probs.numel()))
+    return {"offset": offset, "position": pos, "tokens": token_labels(tokenizer, window),
+            "top": [{"token": label, "id": int(i), "prob": float(p)} for label, i, p in
+                    zip(token_labels(tokenizer, best.indices.tolist()), best.indices,
+                        best.values, strict=True)],
+            "attention": [[row.tolist() for row in a[0, :, -1, :].float()]
+                          for a in internals.attentions]}  # [layer][head][key]
+
+
+def translate(run, text: str, beam: int) -> dict:
+    """The translation of one sentence and the cross-attention that produced it."""
+    device = next(run.model.parameters()).device
+    try:
+        out = run.family.translate(run.model, run.tokenizer, [text], {"beam": beam}, device)[0]
+    except UserError as e:  # a sentence longer than the model reads, say
+        raise APIError(400, f"text: {e}", "text", "bad_text") from None
+    views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text, out)}
+    cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
+    body = {"translation": out}
+    if cross is not None:
+        body["cross_attention"] = {"weights": cross.weights.mean(dim=(0, 1)).tolist(),
+                                   "source": cross.key_labels, "target": cross.query_labels}
+    return body
+
+
+
+
+def fills_masks(model) -> bool:
+    """A masked-LM encoder: a [MASK] id and an output head over the vocabulary."""
+    cfg = model.config
+    return getattr(cfg, "mask_id", None) is not None and getattr(cfg, "mlm_head", "none") != "none"
+
+
+def _masked_ids(tokenizer, text: str, mask_id: int, block_size: int) -> list[int]:
+    ids = []
+    for i, piece in enumerate(text.split(MASK)):
+        if i:
+            ids.append(mask_id)
+        if piece:
+            ids.extend(encode(tokenizer, piece))
+    if mask_id not in ids:
+        raise APIError(400, f"text: put at least one {MASK} in it", "text", "no_mask")
+    if len(ids) > block_size:
+        raise APIError(400, f"text is {len(ids)} tokens; this model reads at most {block_size}",
+                       "text", "context_length_exceeded")
+    return ids
+
+
+@torch.inference_mode()
+def fill_mask(model, tokenizer, text: str, top: int) -> dict:
+    """The ``top`` likeliest tokens (and their probabilities) for each [MASK] of ``text``."""
+    mask_id = model.config.mask_id
+    ids = _masked_ids(tokenizer, text, mask_id, model.config.block_size)
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    logits, _ = model(idx)  # (1, T, V)
+    probs = torch.softmax(logits[0].float(), dim=-1)  # (T, V)
+    probs[:, mask_id] = 0.0  # never offer [MASK] itself (the rest keep their probability)
+    slots = []
+    for pos in (i for i, t in enumerate(ids) if t == mask_id):
+        best = torch.topk(probs[pos], min(top, probs.shape[-1] - 1))
+        labels = token_labels(tokenizer, best.indices.tolist())
+        slots.append({"position": pos, "predictions": [
+            {"token": label, "text": tokenizer.decode([int(i)]), "id": int(i), "prob": float(p)}
+            for label, i, p in zip(labels, best.indices, best.values, strict=True)]})
+    texts = [MASK if t == mask_id else tokenizer.decode([t]) for t in ids]
+    return {"texts": texts, "slots": slots}
