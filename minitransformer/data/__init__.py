@@ -12,6 +12,7 @@ from .parallel_corpus import (
     collate,
     encode_pairs,
     load_parallel,
+    source_ids,
     split_indices,
 )
 from .text import (
@@ -26,4 +27,4 @@ from .text import (
 
 __all__ = ["BUNDLED", "ParallelCorpus", "ParallelDataConfig", "bucket_batches", "check_length",
            "collate", "corpus_path", "encode_pairs", "get_batch", "load_parallel", "load_text",
-           "normalize_newlines", "split_ids", "split_indices"]
+           "normalize_newlines", "source_ids", "split_ids", "split_indices"]

@@ -226,12 +226,16 @@ def split_indices(groups: list[str], valid_fraction: float = VALID_FRACTION,
     return out
 
 
+def source_ids(tokenizer, texts: list[str], eos_id: int, limit: int | None = None):
+    """Source sentences as the encoder reads them: ids (at most ``limit``) then </s>, so the
+    encoder sees where the sentence ends. Training, translation and the views all use this."""
+    return [(ids[:limit] if limit else ids) + [eos_id] for ids in tokenizer.encode_batch(texts)]
+
+
 def encode_pairs(tokenizer, src: list[str], tgt: list[str], eos_id: int):
-    """Token ids: sources end with </s> (the encoder sees where the sentence ends); targets
-    are bare (the task adds <s> in front for the decoder input and </s> at the end)."""
-    s_ids = [ids + [eos_id] for ids in tokenizer.encode_batch(src)]
-    t_ids = tokenizer.encode_batch(tgt)
-    return s_ids, t_ids
+    """Token ids: sources end with </s>; targets are bare (the task adds <s> in front for the
+    decoder input and </s> at the end)."""
+    return source_ids(tokenizer, src, eos_id), tokenizer.encode_batch(tgt)
 
 
 def bucket_batches(src_lens: list[int], tgt_lens: list[int], max_sentences: int,

@@ -14,7 +14,13 @@ import time
 from tqdm.auto import tqdm
 
 from ..config import Seq2SeqConfig, config_from_dict
-from ..data import ParallelDataConfig, encode_pairs, load_parallel, split_indices
+from ..data import (
+    ParallelDataConfig,
+    encode_pairs,
+    load_parallel,
+    source_ids,
+    split_indices,
+)
 from ..data.text import BUNDLED
 from ..models import Seq2SeqTransformer
 from ..models.decoding import translate_many
@@ -224,8 +230,7 @@ def encode_sources(model, tokenizer, texts: list[str]) -> list[list[int]]:
     """Source ids ending in </s>, cut to the position table when it cannot extend."""
     c = model.config
     limit = c.block_size - 1 if c.pos_encoding == "learned" else None
-    return [(ids[:limit] if limit else ids) + [c.eos_id]
-            for ids in tokenizer.encode_batch(texts)]
+    return source_ids(tokenizer, texts, c.eos_id, limit)
 
 
 BLEU_TOKENIZERS = ("auto", "13a", "zh", "char", "intl", "none", "ja-mecab", "ko-mecab")

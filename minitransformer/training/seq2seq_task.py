@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..data import bucket_batches, collate
+from ..data import bucket_batches, collate, source_ids
 from ..errors import UserError
-from ..models.decoding import greedy_decode
+from ..models.decoding import greedy_decode, pad_batch
 from .task import HEALTH_ROWS, Batch, split_rows
 
 
@@ -128,11 +128,7 @@ class Seq2SeqTask:
         """Greedy translations of a few fixed validation sentences."""
         if not self.sample_sources:
             return ""
-        ids = [tokenizer.encode(s) + [self.eos_id] for s in self.sample_sources]
-        width = max(len(s) for s in ids)
-        src = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
-        for i, s in enumerate(ids):
-            src[i, :len(s)] = torch.tensor(s)
+        src = pad_batch(source_ids(tokenizer, self.sample_sources, self.eos_id), self.pad_id)
         out = greedy_decode(model, src.to(device), max_len=max(1, n_tokens)).tokens
         return "\n".join(f"{s}\n  -> {tokenizer.decode(o)}"
                          for s, o in zip(self.sample_sources, out, strict=True))
