@@ -256,3 +256,31 @@ def test_a_gpt_server_does_not_translate(url):
     status, body = post(url, b'{"text": "hola"}', path="api/translate")
     assert status == 400
     assert_openai_error(body)
+
+
+def test_concurrent_unseeded_requests_are_decoded_as_one_batch(run):
+    """Four greedy requests queue behind a long stream; when it is closed the worker takes
+    them as one batch (two prompts of one length, two lengths of answer), each its own text."""
+    app = create_app(run, Settings(model_id="tiny", max_batch=8))
+    asks = [("To be", 8), ("0: To", 3), ("To be", 3), ("0: To", 8)]
+    with running(app) as u:
+        c = openai.OpenAI(base_url=u + "v1", api_key="unused", max_retries=0, timeout=30)
+        stream = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1024, seed=0,
+                                      stream=True)
+        next(iter(stream))
+        results = {}
+        threads = [threading.Thread(target=lambda i, p, n: results.__setitem__(
+            i, c.completions.create(model="tiny", prompt=p, max_tokens=n, temperature=0)),
+            args=(i, p, n)) for i, (p, n) in enumerate(asks)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while app.state.worker.outstanding < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stream.close()
+        for t in threads:
+            t.join(30)
+    assert 4 in app.state.worker.batches
+    for i, (p, n) in enumerate(asks):
+        assert results[i].choices[0].text == reference(run, p, n, 0, temperature=0.0)
+        assert results[i].usage.completion_tokens == n

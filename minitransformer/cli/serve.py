@@ -39,6 +39,10 @@ def add_parser(sub) -> None:
     s.add_argument("--max_queue", type=positive_int, default=64,
                    help="requests waiting or running at once; one more is answered 429 "
                         "(default 64)")
+    s.add_argument("--max_batch", type=positive_int, default=16,
+                   help="unseeded requests of one prompt length decoded together as one batch; "
+                        "a seeded request is always decoded alone; 1 = one at a time "
+                        "(default 16)")
     s.add_argument("--max_tokens", type=positive_int, default=1024,
                    help="the most tokens one request may ask for (default 1024)")
     add_which(s)
@@ -66,7 +70,8 @@ def cmd_serve(args) -> int:
     decoding_threads(run.model, device)
     sock = bind(args.host, args.port)
     settings = Settings(model_id=run.folder.name or "model", api_key=args.api_key,
-                        max_queue=args.max_queue, max_tokens=args.max_tokens)
+                        max_queue=args.max_queue, max_tokens=args.max_tokens,
+                        max_batch=args.max_batch)
     app = create_app(run, settings)
     url = url_of(sock)
     print(f"serving {run.family.title} run {settings.model_id!r} on {url} (playground), "

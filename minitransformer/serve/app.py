@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from . import completions as cmpl
 from . import playground
-from .completions import chunk_body, completion_body, new_id, plan_completion, run_plan
 from .errors import APIError, install_handlers
 from .guards import BodyLimit, SecurityHeaders, check_key
 from .schemas import CompletionRequest
@@ -38,12 +38,13 @@ class Settings:
     max_tokens: int = 1024  # the cap on a request's max_tokens
     max_body: int = 1 << 20  # bytes of a request body; more is a 413
     max_prompt_tokens: int = 8192
+    max_batch: int = 16  # unseeded requests decoded together; 1 = one at a time
 
 
 def create_app(run, settings: Settings | None = None) -> FastAPI:
     """The app serving one loaded ``families.Run``; its worker thread starts here."""
     settings = settings or Settings(model_id=run.folder.name or "model")
-    worker = Worker(settings.max_queue)
+    worker = Worker(settings.max_queue, settings.max_batch)
     worker.start()
 
     @asynccontextmanager
@@ -103,9 +104,11 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
             raise APIError(400, f"this server holds a {run.family.title} run, which does not "
                                 f"continue text; completions need a GPT run", "model",
                            "not_a_completion_model")
-        plan = plan_completion(req, run.tokenizer, settings.max_tokens,
+        plan = cmpl.plan_completion(req, run.tokenizer, settings.max_tokens,
                                settings.max_prompt_tokens)
-        job = worker.submit(lambda job: run_plan(job, run.model, run.tokenizer, plan))
+        job = worker.submit(lambda job: cmpl.run_plan(job, run.model, run.tokenizer, plan),
+                            cmpl.batch_key(plan) if settings.max_batch > 1 else None,
+                            lambda jobs: cmpl.run_batch(jobs, run.model, run.tokenizer), plan)
         if req.stream:
             return StreamingResponse(_sse(worker, job, settings.model_id),
                                      media_type="text/event-stream",
@@ -132,7 +135,7 @@ async def _gather(worker: Worker, job, request: Request, model_id: str, plan) ->
                 usage = value
     finally:
         watcher.cancel()
-    return completion_body(new_id(), model_id, plan, pieces, usage or {})
+    return cmpl.completion_body(cmpl.new_id(), model_id, plan, pieces, usage or {})
 
 
 async def _watch_disconnect(request: Request, job) -> None:
@@ -146,14 +149,14 @@ async def _watch_disconnect(request: Request, job) -> None:
 async def _sse(worker: Worker, job, model_id: str):
     """Server-sent events: one chunk per choice and step with new text, then [DONE]. The
     response closing early (a client gone) ends ``events``, which cancels the job."""
-    cid, created = new_id(), int(time.time())
+    cid, created = cmpl.new_id(), int(time.time())
     try:
         async for kind, value in worker.events(job):
             if kind != "pieces":
                 continue
             for piece in value:
                 if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
-                    yield f"data: {json.dumps(chunk_body(cid, created, model_id, piece))}\n\n"
+                    yield f"data: {json.dumps(cmpl.chunk_body(cid, created, model_id, piece))}\n\n"
     except APIError as e:  # after the headers have gone, an error is one more event
         yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
     yield "data: [DONE]\n\n"

@@ -3,6 +3,7 @@
     plan_completion   the request against the model and the server's limits -> a Plan (or 400)
     run_plan          on the worker thread: each prompt's n choices decoded together as one
                       batch (choice j seeded seed + j), emitting ("pieces", [...]) per step
+    run_batch         several unseeded requests of one ``batch_key`` decoded as one batch
     completion_body   the events gathered into OpenAI's ``text_completion`` object
     chunk_body        one streamed event as OpenAI's chunk
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -85,45 +87,92 @@ def _piece(choice: Choice, logprobs: int | None) -> dict:
             "logprobs": None if logprobs is None else logprobs_body(entries, choice.offset)}
 
 
-def _decode_prompt(job, model, tokenizer, plan: Plan, p: int, device) -> int:
-    """The n choices of prompt p, decoded as one batch; returns the tokens generated."""
-    prompt_ids = plan.ids[p]
-    choices = [Choice(p * plan.n + j, plan.stops, offset=len(plan.prompts[p]))
-               for j in range(plan.n)]
-    idx = torch.tensor([prompt_ids] * plan.n, dtype=torch.long, device=device)  # (n, T)
-    steps = sample_steps(model, idx, plan.max_tokens, plan.temperature, plan.top_k,
-                         plan.top_p, plan.seed, plan.logprobs is not None)
-    produced = 0
+@dataclass
+class Row:
+    """One choice of one request in a decoding batch."""
+
+    job: Any
+    plan: Plan
+    choice: Choice
+    prompt_ids: list[int]
+    produced: int = 0
+
+
+def _emit(rows: list[Row]) -> None:
+    """Each request's new pieces, as one event per request."""
+    by_job: dict[int, list[Row]] = {}
+    for row in rows:
+        by_job.setdefault(id(row.job), []).append(row)
+    for group in by_job.values():
+        group[0].job.emit(("pieces", [_piece(r.choice, r.plan.logprobs) for r in group]))
+
+
+def _decode(model, tokenizer, rows: list[Row], seed: int | None) -> None:
+    """Decode rows that share a prompt length and sampling settings as one batch; each stops
+    at its own max_tokens or stop string, or when its request is cancelled."""
+    plan = rows[0].plan
+    for row in rows:
+        if row.plan.max_tokens == 0:  # nothing asked for: the choice ends empty at once
+            row.choice.end(tokenizer)
+    if any(r.plan.max_tokens == 0 for r in rows):
+        _emit([r for r in rows if r.plan.max_tokens == 0])
+    device = next(model.parameters()).device
+    idx = torch.tensor([r.prompt_ids for r in rows], dtype=torch.long, device=device)  # (B, T)
+    steps = sample_steps(model, idx, max(r.plan.max_tokens for r in rows), plan.temperature,
+                         plan.top_k, plan.top_p, seed, plan.logprobs is not None)
     for step, (nxt, lp) in enumerate(steps):
-        if job.cancelled.is_set():
-            return produced
-        live = [c for c in choices if c.finish is None]
-        for c in live:
-            row = c.index - p * plan.n
-            c.add(int(nxt[row, 0]), None if lp is None else lp[row], plan.logprobs or 0,
-                  tokenizer)
-            produced += 1
-            if step + 1 == plan.max_tokens:
-                c.end(tokenizer)
-        job.emit(("pieces", [_piece(c, plan.logprobs) for c in live]))
-        if all(c.finish is not None for c in choices):
-            return produced
-    if plan.max_tokens == 0:  # nothing asked for: each choice ends empty at once
-        for c in choices:
-            c.end(tokenizer)
-        job.emit(("pieces", [_piece(c, plan.logprobs) for c in choices]))
-    return produced
+        live = [(i, r) for i, r in enumerate(rows)
+                if r.choice.finish is None and not r.job.cancelled.is_set()]
+        if not live:
+            return
+        for i, r in live:
+            r.choice.add(int(nxt[i, 0]), None if lp is None else lp[i], r.plan.logprobs or 0,
+                         tokenizer)
+            r.produced += 1
+            if step + 1 == r.plan.max_tokens:
+                r.choice.end(tokenizer)
+        _emit([r for _, r in live])
+
+
+def _rows(job, plan: Plan, p: int) -> list[Row]:
+    return [Row(job, plan, Choice(p * plan.n + j, plan.stops, offset=len(plan.prompts[p])),
+                plan.ids[p]) for j in range(plan.n)]
+
+
+def _usage(plan: Plan, rows: list[Row]) -> dict:
+    prompt = sum(len(i) for i in plan.ids) * plan.n
+    completion = sum(r.produced for r in rows)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def run_plan(job, model, tokenizer, plan: Plan) -> dict:
-    """Decode every prompt's choices in turn (on the worker thread); returns the usage."""
-    device = next(model.parameters()).device
-    completion = 0
+    """One request alone (on the worker thread): each prompt's n choices as one batch, choice
+    j seeded seed + j; returns the usage."""
+    done = []
     for p in range(len(plan.ids)):
-        completion += _decode_prompt(job, model, tokenizer, plan, p, device)
-    prompt = sum(len(i) for i in plan.ids) * plan.n
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+        rows = _rows(job, plan, p)
+        _decode(model, tokenizer, rows, plan.seed)
+        done += rows
+    return _usage(plan, done)
+
+
+def batch_key(plan: Plan) -> tuple | None:
+    """Requests that may be decoded together: one prompt of the same length, the same
+    sampling settings, and no seed (a seeded request is decoded alone, so that its text is
+    the same whatever else the server is doing: batched float kernels may differ in the last
+    bits)."""
+    if plan.seed is not None or len(plan.ids) != 1:
+        return None
+    return (len(plan.ids[0]), plan.temperature, plan.top_k, plan.top_p,
+            plan.logprobs is not None)
+
+
+def run_batch(jobs: list, model, tokenizer) -> list[dict]:
+    """Several requests of one ``batch_key`` decoded as one batch; the usage of each."""
+    rows = [_rows(job, job.payload, 0) for job in jobs]
+    _decode(model, tokenizer, [r for group in rows for r in group], None)
+    return [_usage(job.payload, group) for job, group in zip(jobs, rows, strict=True)]
 
 
 def new_id() -> str:

@@ -6,15 +6,19 @@ model (no cross-talk) and streaming and disconnects stay responsive. A job repor
 request through ``emit``, which hands each event to the event loop thread-safely; a request
 that goes away sets ``cancelled`` and its job stops at its next step.
 
+Batching: a job may carry a ``batch_key`` and a ``batch_fn``. When the worker takes such a
+job, it also takes the queued jobs with the same key (up to ``max_batch``) and runs them
+together through ``batch_fn(jobs)``, one result per job, each still emitting its own events.
+
 Admission: at most ``max_queue`` jobs waiting or running; one more is refused (429).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
 from .errors import APIError
@@ -25,8 +29,11 @@ _DONE = object()  # the last event of every job
 class Job:
     """One unit of model work: ``fn(job)`` runs on the worker thread and may ``emit``."""
 
-    def __init__(self, fn: Callable[[Job], Any], loop: asyncio.AbstractEventLoop):
+    def __init__(self, fn: Callable[[Job], Any], loop: asyncio.AbstractEventLoop,
+                 batch_key: Hashable | None = None,
+                 batch_fn: Callable[[list[Job]], list[Any]] | None = None, payload: Any = None):
         self.fn, self.loop = fn, loop
+        self.batch_key, self.batch_fn, self.payload = batch_key, batch_fn, payload
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
 
@@ -35,15 +42,22 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+def _as_api_error(e: Exception) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+
+
 class Worker:
     """The queue and its thread; ``start`` once, ``stop`` at shutdown."""
 
-    def __init__(self, max_queue: int = 64):
-        self.max_queue = max_queue
-        self._jobs: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
+    def __init__(self, max_queue: int = 64, max_batch: int = 1):
+        self.max_queue, self.max_batch = max_queue, max_batch
+        self._jobs: deque = deque()
+        self._ready = threading.Condition()
         self._outstanding = 0  # waiting + running
         self._thread: threading.Thread | None = None
+        self.batches: list[int] = []  # jobs per batch run (the last 1000), for measuring
 
     @property
     def outstanding(self) -> int:
@@ -57,37 +71,65 @@ class Worker:
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread is not None:
-            self._jobs.put(None)
+            with self._ready:
+                self._jobs.append(None)
+                self._ready.notify()
             self._thread.join(timeout)
             self._thread = None
 
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
+    def _next(self) -> list[Job] | None:
+        """The next job, with the queued jobs that share its batch key (None: stop)."""
+        with self._ready:
+            while not self._jobs:
+                self._ready.wait()
+            job = self._jobs.popleft()
             if job is None:
-                return
-            try:
-                if not job.cancelled.is_set():
-                    job.emit(("result", job.fn(job)))
-            except APIError as e:
-                job.emit(("error", e))
-            except Exception as e:  # noqa: BLE001 - reported to the request as a 500
-                job.emit(("error", APIError(500, f"internal error: {type(e).__name__}: {e}",
-                                            code="internal_error")))
-            finally:
-                with self._lock:
-                    self._outstanding -= 1
+                return None
+            group = [job]
+            if job.batch_key is not None and self.max_batch > 1:
+                for other in list(self._jobs):
+                    if len(group) >= self.max_batch:
+                        break
+                    if other is not None and other.batch_key == job.batch_key:
+                        self._jobs.remove(other)
+                        group.append(other)
+            return group
+
+    def _run(self, group: list[Job]) -> None:
+        live = [j for j in group if not j.cancelled.is_set()]
+        try:
+            if len(live) == 1:
+                live[0].emit(("result", live[0].fn(live[0])))
+            elif live:
+                for job, result in zip(live, live[0].batch_fn(live), strict=True):
+                    job.emit(("result", result))
+        except Exception as e:  # noqa: BLE001 - reported to every request as its error
+            for job in live:
+                job.emit(("error", _as_api_error(e)))
+        finally:
+            self.batches = [*self.batches[-999:], len(group)]
+            with self._ready:
+                self._outstanding -= len(group)
+            for job in group:
                 job.emit(_DONE)
 
-    def submit(self, fn: Callable[[Job], Any]) -> Job:
-        """Queue ``fn``; a full queue is a 429 (nothing is queued then)."""
-        with self._lock:
+    def _loop(self) -> None:
+        while (group := self._next()) is not None:
+            self._run(group)
+
+    def submit(self, fn: Callable[[Job], Any], batch_key: Hashable | None = None,
+               batch_fn: Callable[[list[Job]], list[Any]] | None = None,
+               payload: Any = None) -> Job:
+        """Queue ``fn`` (``payload``: what ``batch_fn`` reads of each job); a full queue is a
+        429 (nothing is queued then)."""
+        job = Job(fn, asyncio.get_running_loop(), batch_key, batch_fn, payload)
+        with self._ready:
             if self._outstanding >= self.max_queue:
                 raise APIError(429, f"the server is busy: {self.max_queue} requests are "
                                     f"already waiting; retry later", code="queue_full")
             self._outstanding += 1
-        job = Job(fn, asyncio.get_running_loop())
-        self._jobs.put(job)
+            self._jobs.append(job)
+            self._ready.notify()
         return job
 
     async def events(self, job: Job) -> AsyncIterator[Any]:
