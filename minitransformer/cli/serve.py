@@ -67,7 +67,8 @@ def cmd_serve(args) -> int:
     if "sample" not in run.family.commands and "translate" not in run.family.commands:
         print(f"note: {run.family.title} runs have no completions or translations to serve "
               f"yet; the API answers with errors", file=sys.stderr)
-    decoding_threads(run.model, device)
+    if "sample" in run.family.commands:  # one-token steps of a decoder-only model
+        decoding_threads(run.model, device)
     sock = bind(args.host, args.port)
     settings = Settings(model_id=run.folder.name or "model", api_key=args.api_key,
                         max_queue=args.max_queue, max_tokens=args.max_tokens,

@@ -101,8 +101,8 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
     async def completions(req: CompletionRequest, request: Request):
         _check_model(settings, req.model)
         if "sample" not in run.family.commands:
-            raise APIError(400, f"this server holds a {run.family.title} run, which does not "
-                                f"continue text; completions need a GPT run", "model",
+            raise APIError(400, f"completions need a GPT run; {settings.model_id} is an "
+                                f"{run.family.title} run, which does not continue text", "model",
                            "not_a_completion_model")
         plan = cmpl.plan_completion(req, run.tokenizer, settings.max_tokens,
                                settings.max_prompt_tokens)
