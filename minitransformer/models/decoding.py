@@ -142,9 +142,12 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         b, dev = src.shape[0], src.device
         max_len = default_max_len(model, src) if max_len is None else max_len
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
+        cache = model.new_cache() if use_cache else None
+        if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
+            for layer, (_, cross_cache) in zip(model.decoder.layers, cache, strict=True):
+                layer.cross_attn.fill_cache(cross_cache, memory, repeat=k)
         memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, C): rows i*K .. i*K+K-1
         src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*K, 1, 1, S)
-        cache = model.new_cache() if use_cache else None
         tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=dev)  # (B*K, 1)
         scores = torch.full((b, k), float("-inf"), device=dev)  # (B, K) log P of each prefix
         scores[:, 0] = 0.0  # one live prefix (<s>) at the start

@@ -165,6 +165,16 @@ class MultiHeadAttention(nn.Module):
         rope = self.rope
         cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)))
 
+    def fill_cache(self, cache: KVCache, context: torch.Tensor, repeat: int = 1) -> None:
+        """Cross-attention: store the keys and values of ``context`` (B, Tk, C) in an empty
+        ``cache``, each row repeated ``repeat`` times (rows i*r .. i*r+r-1: the beams of
+        sentence i), so that beam search projects each source once instead of once per beam."""
+        k = self.split_heads(self.k_proj(context))  # (B, nh, Tk, hs)
+        v = self.split_heads(self.v_proj(context))  # (B, nh, Tk, hs)
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
+        cache.update(k, v)  # (B * repeat, nh, Tk, hs)
+
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
