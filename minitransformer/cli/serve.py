@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..errors import UserError
 from ..families import load_run
@@ -16,7 +17,8 @@ from .flags import add_device, add_which, nonneg_int, positive_int
 
 EPILOG = """\
 The API speaks OpenAI's completions protocol: point the openai client (or curl, LangChain,
-an evaluation harness) at http://HOST:PORT/v1 with any model name from GET /v1/models.
+an evaluation harness) at http://HOST:PORT/v1, with the run folder's name as the model
+(GET /v1/models lists it).
 A host outside the loopback range needs --api_key (clients send 'Authorization: Bearer KEY')
 or, knowingly, --insecure_no_key."""
 
@@ -70,7 +72,8 @@ def cmd_serve(args) -> int:
     if "sample" in run.family.commands:  # one-token steps of a decoder-only model
         decoding_threads(run.model, device)
     sock = bind(args.host, args.port)
-    settings = Settings(model_id=run.folder.name or "model", api_key=args.api_key,
+    name = Path(args.dir).resolve().name or "model"  # the run's name, whichever checkpoint
+    settings = Settings(model_id=name, api_key=args.api_key,
                         max_queue=args.max_queue, max_tokens=args.max_tokens,
                         max_batch=args.max_batch)
     app = create_app(run, settings)
