@@ -19,8 +19,7 @@ from ..experiments.compare import parse_vary, run_compare, write_results
 from ..experiments.report import markdown_table
 from ..experiments.runs import split_for
 from ..families import FAMILIES, get_family
-from ..tokenizers import TOKENIZERS
-from .flags import add_config_flags, config_values, parse_bool
+from .flags import add_config_flags, add_tokenizer_flag, config_values, parse_bool
 from .train import CONFIG_GROUPS, add_early_stop
 
 
@@ -48,8 +47,7 @@ def add_parser(sub) -> None:
     c.add_argument("--eval_lengths", default=None, metavar="N,N,...",
                    help="also evaluate each best model on windows of these lengths "
                         "(beyond the training context: length extrapolation)")
-    c.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
-                   help="char (default) or byte-level BPE with --vocab_size entries")
+    add_tokenizer_flag(c)
     c.add_argument("--encoding", default="utf-8",
                    help="text encoding of the corpus (default utf-8)")
     c.add_argument("--force", action="store_true", help="replace runs already in --out")

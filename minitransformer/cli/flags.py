@@ -160,6 +160,19 @@ def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
                              f"{default})")
 
 
+def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
+    """--tokenizer, as train, compare and prepare take it."""
+    from ..tokenizers import TOKENIZERS
+
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                        help="char: one id per character; bpe-bytes: GPT-2's byte-level BPE; "
+                             "bpe-chars: BPE from whole characters with byte fallback (for "
+                             "Chinese); bpe: bpe-chars for a mostly-CJK corpus and "
+                             "--vocab_size >= 2000, else bpe-bytes; BPE learns --vocab_size "
+                             "entries (default 1024); seq2seq always uses a joint BPE "
+                             "(default char)")
+
+
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """Beam search flags, for translate and for evaluate of an encoder-decoder."""
     g = parser.add_argument_group("decoding (encoder-decoder runs)")

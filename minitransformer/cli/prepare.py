@@ -12,8 +12,7 @@ from pathlib import Path
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import FAMILIES, get_family
-from ..tokenizers import TOKENIZERS
-from .flags import positive_int
+from .flags import add_tokenizer_flag, positive_int
 
 
 def add_parser(sub) -> None:
@@ -30,8 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="gpt", choices=[n for n, f in FAMILIES.items()
                                                       if "char" in f.tokenizers],
                    help="the family that will train on it (its special tokens; default gpt)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
-                   help="char (default) or a BPE kind with --vocab_size entries")
+    add_tokenizer_flag(p)
     p.add_argument("--vocab_size", type=positive_int, default=None,
                    help="BPE vocabulary size (default 1024)")
     p.add_argument("--text_field", default="text",

@@ -13,8 +13,7 @@ from pathlib import Path
 from ..config import TrainConfig
 from ..experiments.runs import TrainRequest, train_run
 from ..families import FAMILIES, choose_family
-from ..tokenizers import TOKENIZERS
-from .flags import add_config_flags, config_values
+from .flags import add_config_flags, add_tokenizer_flag, config_values
 
 
 def _config_groups() -> list[tuple[type, str]]:
@@ -59,10 +58,7 @@ def add_parser(sub) -> None:
     t.add_argument("--preset", default=None,
                    help="named settings; default cpu-small. " + "; ".join(
                        f"{name}: {', '.join(f.presets)}" for name, f in FAMILIES.items()))
-    t.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
-                   help="char: one id per character (default); bpe: byte-level BPE trained "
-                        "on the corpus, --vocab_size entries (default 1024; seq2seq always "
-                        "uses a joint BPE)")
+    add_tokenizer_flag(t)
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--force", action="store_true", help="replace a run already in --out")
     t.add_argument("--encoding", default=None, help="text encoding of the corpus "
