@@ -120,7 +120,9 @@ def check_against_catalogue(p: Page, data: dict, lang: str) -> None:
             {"m": "ui.counter", "a": {"i": str(n), "n": str(len(data["steps"]))}}, lang)
         assert p.texts("#formulas") == ["\n".join(render(f, lang) for f in step["formulas"])]
         assert p.texts("#step > p") == [render(t, lang) for t in step["text"]]
-        titles = [_fill(render(b["title"], lang)) for b in step["blocks"] if b.get("title")]
+        shown = [b for b in step["blocks"] if b["kind"] == "topk"] + \
+            [b for b in step["blocks"] if b["kind"] != "topk"]  # probabilities first
+        titles = [_fill(render(b["title"], lang)) for b in shown if b.get("title")]
         assert p.texts(".block h3") == titles
         notes = [render(b["note"], lang) for b in step["blocks"] if b.get("note")]
         assert p.texts(".block .note") == notes

@@ -102,7 +102,25 @@
       body.appendChild(line);
     });
     table.appendChild(body);
-    return table;
+    const wrap = el("div", { class: "heatmap" });
+    wrap.appendChild(table);
+    wrap.appendChild(legend(block.color, scale));
+    return wrap;
+  }
+
+  // The colour scale beside every heatmap: probabilities from 0 to 1, other values from
+  // -max to +max of what is shown (blue below zero, red above).
+  function legend(kind, scale) {
+    const box = el("div", { class: "legend", "data-kind": kind === "prob" ? "prob" : "value" });
+    const stops = kind === "prob" ? [0, 0.25, 0.5, 0.75, 1] : [-1, -0.5, 0, 0.5, 1];
+    const colours = stops.map((t) => colour(kind === "prob" ? t : t * scale, kind, scale)[0]);
+    const bar = el("span", { class: "bar" });
+    bar.style.background = `linear-gradient(to right, ${colours.join(", ")})`;
+    const lo = kind === "prob" ? "0" : fmt(-scale), hi = kind === "prob" ? "1" : fmt(scale);
+    box.appendChild(el("span", { class: "lo" }, lo));
+    box.appendChild(bar);
+    box.appendChild(el("span", { class: "hi" }, hi));
+    return box;
   }
 
   function tokens(block) {
@@ -147,7 +165,10 @@
     }
     (s.text || []).forEach((p) => sec.appendChild(el("p", {}, tr(p))));
     const blocks = el("div", { class: "blocks" });
-    for (const b of s.blocks || []) {
+    // what a learner came for first: the next-token probabilities above the large heatmaps
+    const ordered = (s.blocks || []).filter((b) => b.kind === "topk")
+      .concat((s.blocks || []).filter((b) => b.kind !== "topk"));
+    for (const b of ordered) {
       const card = el("div", { class: "block" });
       if (b.title) card.appendChild(el("h3", {}, fill(b.title)));
       card.appendChild(RENDER[b.kind](b));
