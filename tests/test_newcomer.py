@@ -114,3 +114,13 @@ def test_presets_lists_every_family_and_shows_one_in_full(capsys):
     assert "--n_layer            3" in full and "(default 6)" in full
     assert main(["presets", "gpt", "tiny"]) == 2
     assert "cpu-small" in capsys.readouterr().err
+
+
+def test_the_readme_cli_at_a_glance_lists_every_command():
+    from minitransformer.cli import COMMANDS
+
+    text = README.read_text(encoding="utf-8")
+    glance = text[text.index("## The CLI at a glance"):]
+    glance = glance[:glance.index("```", glance.index("```bash") + 7)]
+    listed = set(re.findall(r"^minitransformer (\w+)", glance, re.M))
+    assert listed == set(COMMANDS)
