@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -74,3 +75,20 @@ def run_cli():
                               env=env, timeout=timeout)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium (Debian's package, not a download) driven by playwright, one for the
+    whole run; tests that need it are skipped, saying why, where either is missing."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                   "(it is in the test extra: pip install -e '.[test]')")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium executable: `make install` installs Debian's chromium with "
+                    "apt-get; it could not be installed on this machine")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()

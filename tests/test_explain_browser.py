@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import shutil
 
 import matplotlib.image
 import pytest
@@ -24,13 +23,6 @@ from minitransformer.training.checkpoint import write_model_files
 from minitransformer.viz.page import write_page
 from minitransformer.viz.trace import show_token
 from minitransformer.viz.worked import worked_example_doc
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
-                               "(it is in the test extra: pip install -e '.[test]')")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no chromium executable: `make install` installs Debian's chromium with "
-                "apt-get; it could not be installed on this machine", allow_module_level=True)
 
 TEXT = "我吃了一个红苹果, to be"
 ATTACKS = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>"]
@@ -69,14 +61,6 @@ def site(tmp_path_factory):
     write_page(doc, root / "worked.html")
     return root, model, tokenizer
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 class Watched:

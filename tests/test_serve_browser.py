@@ -8,7 +8,6 @@ no request but to the server, no console error.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import urllib.request
 
 import pytest
@@ -20,14 +19,6 @@ from minitransformer.models import GPT
 from minitransformer.serve import Settings, create_app, running
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
-                               "(it is in the test extra: pip install -e '.[test]')")
-pytest.importorskip("fastapi", reason="fastapi and uvicorn are dependencies of serve")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no chromium executable: `make install` installs Debian's chromium with "
-                "apt-get; it could not be installed on this machine", allow_module_level=True)
 
 ATTACK = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 ALPHABET = "abcdefgh ROME:\n" + ATTACK
@@ -53,14 +44,6 @@ def served(tmp_path_factory):
     with running(create_app(run, Settings(model_id="markup"))) as url:
         yield url, run
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

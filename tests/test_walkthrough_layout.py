@@ -5,7 +5,6 @@ drawn with a CJK font in the title, the formula box and the token cards."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import pytest
 import torch
@@ -15,13 +14,6 @@ from minitransformer.config import GPTConfig
 from minitransformer.models import GPT
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
-                               "(it is in the test extra: pip install -e '.[test]')")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no chromium executable: `make install` installs Debian's chromium with "
-                "apt-get; it could not be installed on this machine", allow_module_level=True)
 
 TEXT = "从前有座山，山里有座庙"  # 11 tokens: every matrix of the page, 64 channels wide
 CJK_FONTS = ("minitransformer-cjk", "Noto Sans CJK", "Noto Serif CJK", "WenQuanYi",
@@ -43,15 +35,12 @@ def page_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(page_file):
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        pg = browser.new_page(viewport={"width": 1360, "height": 900})
-        pg.goto(page_file.as_uri())
-        pg.wait_for_selector("#step")
-        yield pg
-        browser.close()
+def page(page_file, browser):
+    pg = browser.new_page(viewport={"width": 1360, "height": 900})
+    pg.goto(page_file.as_uri())
+    pg.wait_for_selector("#step")
+    yield pg
+    pg.close()
 
 
 def _steps(page):

@@ -12,7 +12,6 @@ import dataclasses
 import html
 import json
 import re
-import shutil
 
 import pytest
 import torch
@@ -24,11 +23,6 @@ from minitransformer.models import GPT
 from minitransformer.tokenizers import CharTokenizer, fit_tokenizer
 from minitransformer.training.checkpoint import write_model_files
 from minitransformer.viz.i18n import catalogue, problems, render
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no chromium executable", allow_module_level=True)
 
 TEXT = "从前有座山，山里有座庙。"
 POEM = "床前明月光，疑是地上霜。"
@@ -60,14 +54,6 @@ def site(tmp_path_factory):
                  str(root / "bpe.html"), "--lang", "zh"]) == 0
     return root
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 def page_data(path) -> dict:
