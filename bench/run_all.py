@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generation  # noqa: E402
 import loss_parity  # noqa: E402
+import translate_speed  # noqa: E402
 from common import matmul_peak  # noqa: E402
 from train_throughput import measure  # noqa: E402
 
@@ -96,16 +97,21 @@ def main() -> None:
     speedups = training_table(iters, rounds, a.compile, peaks)
 
     n = 100 if a.quick else 500
+    print()
     g = generation.compare(n, rounds=1 if a.quick else 2)
-    ratio = g["cached"] / g["reference"]
-    print(f"\ngeneration, config (b) with block_size 512, batch 1, {n} new tokens from a "
-          f"1-token prompt, greedy (medians of {len(g['runs'][0])} runs):")
-    print("| path | threads | tokens/s | vs reference |\n|---|---:|---:|---:|")
-    print(f"| reference: no cache, explicit softmax, fp32 | {g['reference_threads']} | "
-          f"{g['reference']:.1f} | 1.00x |")
-    print(f"| KV cache, fused attention, fp32 (`sample`) | {g['cached_threads']} | "
-          f"{g['cached']:.1f} | {ratio:.2f}x |")
-    print(f"same tokens from both paths: {g['same_tokens']}")
+    b = generation.batched(n, 8, rounds=1 if a.quick else 2)
+    gen_ratios = generation.report(g, b, n)
+
+    print("\ntranslation against Hugging Face's MarianMTModel.generate (same sizes, random "
+          "weights, same work):")
+    tr = {}
+    for preset in ("cpu-small", "base"):
+        r = translate_speed.compare(preset, rounds=1 if a.quick else 3)
+        for beam, v in r.items():
+            tr[(preset, beam)] = v["ours"] / v["hf"]
+            print(f"| {preset} | {'greedy' if beam == 1 else f'beam {beam}'} | "
+                  f"{v['ours']:,.0f} | {v['hf']:,.0f} tokens/s | {tr[(preset, beam)]:.2f}x |",
+                  flush=True)
 
     parity = None
     if not a.skip_parity:
@@ -119,7 +125,12 @@ def main() -> None:
                           if a.quick else "") + ":")
     for name, target in TARGETS.items():
         print(f"- training ({name}) fast/reference {speedups[name]:.2f}x (>= {target}x)")
-    print(f"- generation cached/uncached {ratio:.2f}x (>= 10x)")
+    for name, value in gen_ratios.items():
+        print(f"- generation {name.replace('_', ' ')} {value:.2f}x (>= "
+              f"{generation.TARGETS[name]}x)")
+    for (preset, beam), value in tr.items():
+        print(f"- translation {preset} {'greedy' if beam == 1 else f'beam {beam}'} ours/HF "
+              f"{value:.2f}x (>= {translate_speed.TARGETS[preset]}x)")
     if parity:
         ref, fast = (r["val_loss"] for r in parity.values())
         print(f"- val loss fast - reference {fast - ref:+.4f} (within 0.02)")
