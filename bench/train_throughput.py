@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import flops_per_token, matmul_peak, sync  # noqa: E402
 
 from minitransformer.config import GPTConfig, TrainConfig, split_fields  # noqa: E402
+from minitransformer.models import GPT  # noqa: E402
 from minitransformer.presets import GPT as GPT_PRESETS  # noqa: E402
 from minitransformer.presets import get_preset  # noqa: E402
-from minitransformer.models import GPT  # noqa: E402
 from minitransformer.training.device import (  # noqa: E402
     autocast,
     maybe_compile,
