@@ -77,10 +77,12 @@ def run_cli():
     return run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium (Debian's package, not a download) driven by playwright, one for the
-    whole run; tests that need it are skipped, saying why, where either is missing."""
+    """Headless Chromium (Debian's package, not a download) driven by playwright, one per test
+    module (playwright's sync API keeps an event loop running while it is open, which
+    asyncio.run in later tests must not find); tests that need it are skipped, saying why,
+    where either is missing."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                    "(it is in the test extra: pip install -e '.[test]')")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
