@@ -104,7 +104,18 @@ def single_stack_maps(internals) -> dict[str, list[torch.Tensor]]:
     return {"": internals.attentions}
 
 
-class WindowTask:
+class RowSplit:
+    """Batches of equal rows: each of the world_size x grad_accum parts takes as many."""
+
+    def check_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
+        check_divisible(batch_size, world_size, grad_accum)
+
+    def split(self, batch: Batch, rank: int, world_size: int, micro: int,
+              grad_accum: int) -> Batch:
+        return split_rows(batch, rank, world_size, micro, grad_accum)
+
+
+class WindowTask(RowSplit):
     """Batches of ``batch_size`` windows of ``block_size`` tokens: (inputs (B, T), targets
     (B, T)), targets IGNORE where nothing is predicted. Subclasses define ``batch`` and
     ``sample``."""
@@ -115,13 +126,6 @@ class WindowTask:
 
     def windows(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         return get_batch(self.data[split], batch_size, self.block_size, generator)
-
-    def check_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
-        check_divisible(batch_size, world_size, grad_accum)
-
-    def split(self, batch: Batch, rank: int, world_size: int, micro: int,
-              grad_accum: int) -> Batch:
-        return split_rows(batch, rank, world_size, micro, grad_accum)
 
     def loss_terms(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
@@ -147,7 +151,7 @@ class WindowTask:
         return single_stack_maps(internals)
 
 
-class LegacyTask:
+class LegacyTask(RowSplit):
     """A task with only ``batch``, ``loss`` (a mean), ``tokens`` and ``sample``: its rows are
     split like a window task's, and its mean loss weighs as ``tokens`` targets."""
 
@@ -156,13 +160,6 @@ class LegacyTask:
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         return self.task.batch(split, batch_size, generator)
-
-    def check_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
-        check_divisible(batch_size, world_size, grad_accum)
-
-    def split(self, batch: Batch, rank: int, world_size: int, micro: int,
-              grad_accum: int) -> Batch:
-        return split_rows(batch, rank, world_size, micro, grad_accum)
 
     def loss_terms(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.task.tokens(batch)
