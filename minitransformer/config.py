@@ -42,6 +42,23 @@ def _check_positive(cfg, *names: str) -> None:
             raise ConfigError(f"{name} must be positive, got {value}")
 
 
+def _check_modern(cfg) -> None:
+    """The switches of later models (GPT): grouped heads dividing the heads, a positive cap."""
+    _check_positive(cfg, "n_kv_head", "logit_softcap", "rope_base")
+    if cfg.n_kv_head is not None and cfg.n_head % cfg.n_kv_head:
+        raise ConfigError(f"n_kv_head ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
+
+
+def ffn_width(cfg) -> int:
+    """d_ff if set; else 4 * n_embd, or 2/3 of that (rounded up to a multiple of 8) for the
+    three-matrix SwiGLU, which then has as many parameters as a 4 * n_embd two-matrix FFN."""
+    if cfg.d_ff:
+        return cfg.d_ff
+    if cfg.activation == "swiglu":
+        return -(-(8 * cfg.n_embd) // 24) * 8
+    return 4 * cfg.n_embd
+
+
 def _check_transformer(cfg, *extra_sizes: str) -> None:
     """Checks every model family shares: sizes positive, heads dividing the width, dropout a
     probability, switches among their allowed values, RoPE's even head size."""
@@ -72,7 +89,8 @@ class GPTConfig:
     n_embd: int = 384  # d_model
     """model width d_model (divisible by n_head)"""
     d_ff: int | None = None
-    """feed-forward width (default 4 * n_embd)"""
+    """feed-forward width (default 4 * n_embd; 2/3 of that, rounded up to a multiple of 8,
+    for swiglu)"""
     dropout: float = 0.0
     """dropout probability (0 = none)"""
     bias: bool = True
@@ -81,8 +99,23 @@ class GPTConfig:
     """how positions enter the model"""
     norm_position: Literal["pre", "post"] = "pre"
     """LayerNorm before (pre, GPT) or after (post, the paper) each sublayer"""
-    activation: Literal["relu", "gelu", "gelu_tanh"] = "gelu"
-    """feed-forward activation"""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """every norm of the model: LayerNorm (Ba et al. 2016) or RMSNorm, x / sqrt(mean(x^2) +
+    eps) * g (Zhang & Sennrich 2019; Llama)"""
+    activation: Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu"] = "gelu"
+    """feed-forward activation: relu (the paper), gelu, gelu_tanh (GPT-2), relu2 = relu(x)^2
+    (So et al. 2021), swiglu = (SiLU(x W_g) * x W_1) W_2, a gated FFN (Shazeer 2020; Llama)"""
+    qk_norm: bool = False
+    """RMSNorm over the head size on every query and key, before RoPE (Dehghani et al. 2023;
+    Qwen3)"""
+    n_kv_head: int | None = None
+    """key/value heads (default n_head): fewer gives grouped-query attention (Ainslie et al.
+    2023), 1 multi-query attention (Shazeer 2019); the KV cache shrinks by n_head / n_kv_head"""
+    logit_softcap: float | None = None
+    """soft-cap the output logits, cap * tanh(logits / cap) (Gemma 2; modded-nanogpt); none =
+    off"""
+    rope_base: float = 10000.0
+    """RoPE's base theta: position p turns channel pair c by p * theta^(-2c / head size)"""
     attn_impl: Literal["auto", "reference", "fast"] = "auto"
     """attention path: reference (explicit softmax), fast (PyTorch's fused kernel), or auto
     (whichever is faster for the device and dtype)"""
@@ -100,10 +133,11 @@ class GPTConfig:
 
     def __post_init__(self):
         _check_transformer(self)
+        _check_modern(self)
 
     @property
     def ffn_width(self) -> int:
-        return self.d_ff or 4 * self.n_embd
+        return ffn_width(self)
 
 
 @dataclass
@@ -273,6 +307,13 @@ class TrainConfig:
     """split each step into this many micro-batches"""
     seed: int = 1337
     """random seed (weights, data order, dropout)"""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw for every parameter, or muon: Muon (Jordan et al. 2024, torch.optim.Muon) for the
+    2-D matrices inside the blocks, AdamW for embeddings, the output head, norms and biases"""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate (the schedule scales it as it scales learning_rate)"""
+    muon_momentum: float = 0.95
+    """Muon's momentum (Nesterov)"""
     time_budget: float | None = None
     """train for this long (e.g. 120s, 5m), evaluation excluded; none: max_iters decides"""
     lr_schedule: Literal["cosine", "noam"] = "cosine"
@@ -289,15 +330,18 @@ class TrainConfig:
     elsewhere (weights stay fp32)"""
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the model (auto = on CUDA)"""
+    shard: bool = False
+    """under torchrun: shard parameters, gradients and AdamW state over the processes (FSDP2)
+    instead of a full copy on each (DDP); the checkpoints are the same"""
 
     def __post_init__(self):
         _check_positive(self, "batch_size", "max_iters", "eval_interval", "eval_iters",
                         "log_interval", "learning_rate", "grad_accum", "time_budget",
-                        "keep_last")
+                        "keep_last", "muon_lr")
         for name in ("min_lr", "warmup_iters", "weight_decay", "grad_clip", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "muon_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         _check_literals(self)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..nn.init import RESIDUAL_PROJECTIONS
+from ..nn.norm import NORMS
 from ..nn.positional import LearnedPositionalEmbedding
 
 
@@ -58,7 +59,7 @@ def reseed_parameters(model: nn.Module, seed: int, scheme: str, n_layer: int) ->
         leaf = name.rpartition(".")[2]
         gen = torch.Generator().manual_seed(name_seed(seed, name))  # CPU: same on any device
         value = torch.empty(param.shape, dtype=param.dtype)  # (same shape as param)
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, NORMS):
             nn.init.ones_(value) if leaf == "weight" else nn.init.zeros_(value)
         elif scaled_emb is not None and module is scaled_emb:
             nn.init.normal_(value, 0.0, config.n_embd ** -0.5, generator=gen)

@@ -3,6 +3,10 @@
     h0 = TokenEmbedding(idx) [+ PositionalEncoding]      (rope / alibi act inside attention)
     h  = Decoder(h0)   N blocks of masked self-attention + FFN, no cross-attention
     logits = h W_vocab^T                                  (W_vocab tied to the embedding)
+    logits = cap * tanh(logits / cap)                     (only with ``logit_softcap``)
+
+The switches of later models (``norm``, ``activation="swiglu"``, ``qk_norm``, ``n_kv_head``,
+``rope_base``) act inside the shared blocks; docs/modern.md measures each.
 
 Shapes: B batch, T time, C channels (n_embd), V vocabulary size.
 """
@@ -45,7 +49,8 @@ class GPT(nn.Module):
         self.decoder = Decoder(c.n_layer, c.n_embd, c.n_head, c.ffn_width, c.dropout, c.bias,
                                c.activation, c.norm_position, c.attn_impl, c.layer_norm_eps,
                                cross_attention=False, pos_encoding=c.pos_encoding,
-                               max_len=c.block_size)
+                               max_len=c.block_size, norm=c.norm, n_kv_head=c.n_kv_head,
+                               qk_norm=c.qk_norm, rope_base=c.rope_base)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.init, c.n_layer)
         self.emb_scale = math.sqrt(c.n_embd) if c.scale_embeddings else 1.0
@@ -83,6 +88,8 @@ class GPT(nn.Module):
             x = self.drop(x)
         x, internals = self.decoder(x, cache=cache, need_weights=return_internals)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
+        if c_cap := self.config.logit_softcap:  # smooth, bounded in (-cap, cap)
+            logits = c_cap * torch.tanh(logits / c_cap)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),

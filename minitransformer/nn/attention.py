@@ -14,8 +14,15 @@ be faster (``fused_kernel_pays``).
 
 Masks are boolean with True = "may attend" (see ``nn/mask.py``).
 
+Two changes of later models, both off by default:
+- grouped-query attention (Ainslie et al. 2023): ``n_kv_head`` < ``n_head`` key/value heads,
+  each shared by n_head / n_kv_head query heads (one: multi-query attention, Shazeer 2019).
+  K and V shrink by that factor, and so does the KV cache.
+- QK-norm (Dehghani et al. 2023; Qwen3, modded-nanogpt): RMSNorm over the head size on each
+  query and key before RoPE, q <- RMSNorm(q), k <- RMSNorm(k), which bounds the logits.
+
 Shapes: B batch, Tq query length, Tk key length, C channels (d_model), nh heads,
-hs head size (C // nh).
+nkv key/value heads (nh unless grouped), hs head size (C // nh).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torch import nn
 
 from .linear import Linear
 from .mask import causal_mask, combine
+from .norm import RMSNorm
 from .positional import ALiBi, RotaryEmbedding
 
 AttnImpl = Literal["auto", "reference", "fast"]
@@ -94,7 +102,7 @@ class KVCache:
         return None if self._v is None else self._v[:, :, : self.length]
 
     def update(self, k: torch.Tensor, v: torch.Tensor):
-        """Append k, v of shape (B, nh, T, hs); return all cached (B, nh, length, hs)."""
+        """Append k, v of shape (B, nkv, T, hs); return all cached (B, nkv, length, hs)."""
         t0, t1 = self.length, self.length + k.shape[-2]
         if self._k is None or t1 > self._k.shape[-2]:
             cap = max(t1, 2 * (0 if self._k is None else self._k.shape[-2]), 64)
@@ -141,22 +149,30 @@ class MultiHeadAttention(nn.Module):
     Self-attention when ``context`` is None, cross-attention otherwise (queries from ``x``,
     keys and values from ``context``, e.g. the encoder output). ``causal=True`` adds the
     decoder's look-ahead mask. ``rope`` / ``alibi`` add relative position information inside
-    self-attention.
+    self-attention. ``n_kv_head`` (default n_head) and ``qk_norm``: see the module docstring.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, attn_impl: AttnImpl = "auto",
-                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None):
+                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None,
+                 n_kv_head: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"n_embd ({d_model}) must be divisible by n_head ({n_head})")
-        self.n_head, self.head_size = n_head, d_model // n_head
+        n_kv_head = n_kv_head or n_head
+        if n_head % n_kv_head:
+            raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
+        self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, d_model // n_head
         self.causal, self.attn_impl, self.dropout = causal, attn_impl, dropout
         self.rope, self.alibi = rope, alibi
+        kv_width = n_kv_head * self.head_size
         self.q_proj = Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
-        self.k_proj = Linear(d_model, d_model, bias=bias)  # W^K
-        self.v_proj = Linear(d_model, d_model, bias=bias)  # W^V
+        self.k_proj = Linear(d_model, kv_width, bias=bias)  # W^K (nkv heads)
+        self.v_proj = Linear(d_model, kv_width, bias=bias)  # W^V (nkv heads)
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O (residual projection)
+        # one gain per channel of a head, shared by all heads (Qwen3's q_norm / k_norm)
+        self.q_norm = RMSNorm(self.head_size, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_size, eps=norm_eps) if qk_norm else None
 
     def drop_front(self, cache: KVCache, n: int) -> None:
         """Drop the oldest ``n`` positions of this layer's self-attention ``cache``, so that
@@ -169,15 +185,40 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention: store the keys and values of ``context`` (B, Tk, C) in an empty
         ``cache``, each row repeated ``repeat`` times (rows i*r .. i*r+r-1: the beams of
         sentence i), so that beam search projects each source once instead of once per beam."""
-        k = self.split_heads(self.k_proj(context))  # (B, nh, Tk, hs)
-        v = self.split_heads(self.v_proj(context))  # (B, nh, Tk, hs)
+        k, v = self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
-        cache.update(k, v)  # (B * repeat, nh, Tk, hs)
+        cache.update(k, v)  # (B * repeat, nkv, Tk, hs)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        """(B, T, n * hs) -> (B, n, T, hs): n = nh for queries, nkv for keys and values."""
+        b, t, width = x.shape
+        return x.view(b, t, width // self.head_size, self.head_size).transpose(1, 2)
+
+    def queries(self, x: torch.Tensor, offset: int, rotate: bool = True) -> torch.Tensor:
+        """q = x W^Q split into heads (B, nh, Tq, hs), QK-normed, RoPE-rotated from position
+        ``offset`` when ``rotate``."""
+        q = self.split_heads(self.q_proj(x))  # (B, nh, Tq, hs)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return self.rope(q, offset=offset) if rotate and self.rope is not None else q
+
+    def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True):
+        """k = src W^K (QK-normed, RoPE-rotated when ``rotate``) and v = src W^V, each
+        (B, nkv, Tk, hs)."""
+        k = self.split_heads(self.k_proj(src))  # (B, nkv, Tk, hs)
+        v = self.split_heads(self.v_proj(src))  # (B, nkv, Tk, hs)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if rotate and self.rope is not None:
+            k = self.rope(k, offset=offset)  # keys rotated at their absolute positions
+        return k, v
+
+    def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
+        """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1
+        (g = nh / nkv), so it is repeated g times: (B, nkv, T, hs) -> (B, nh, T, hs)."""
+        group = self.n_head // self.n_kv_head
+        return kv if group == 1 else kv.repeat_interleave(group, dim=1)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
@@ -192,19 +233,14 @@ class MultiHeadAttention(nn.Module):
         b, t_q, c = x.shape
         cross = context is not None
         past = cache.length if (cache is not None and not cross) else 0  # cached positions
-        q = self.split_heads(self.q_proj(x))  # (B, nh, Tq, hs)
+        q = self.queries(x, offset=past, rotate=not cross)  # (B, nh, Tq, hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
-            k, v = cache.k, cache.v  # (B, nh, Tk, hs)
+            k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:
-            src = context if cross else x
-            k = self.split_heads(self.k_proj(src))  # (B, nh, Tk, hs)
-            v = self.split_heads(self.v_proj(src))  # (B, nh, Tk, hs)
-            if self.rope is not None and not cross:
-                k = self.rope(k, offset=past)  # keys rotated at their absolute positions
+            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross)
             if cache is not None:
-                k, v = cache.update(k, v)  # (B, nh, past + Tq, hs) for self-attention
-        if self.rope is not None and not cross:
-            q = self.rope(q, offset=past)  # (B, nh, Tq, hs)
+                k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
+        k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)
         t_k = k.shape[-2]
 
         causal_only = self.causal and mask is None and past == 0 and t_q == t_k

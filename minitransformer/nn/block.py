@@ -4,7 +4,10 @@
     Pre-LN  (GPT-2, Xiong et al. 2020): x = x + Sublayer(LayerNorm(x))
 
 A Pre-LN stack ends with one more LayerNorm (GPT-2's ``ln_f``); a Post-LN stack does not
-need one, since every block already ends in a norm.
+need one, since every block already ends in a norm. ``norm="rmsnorm"`` puts RMSNorm in every
+one of these places (``nn/norm.py``); ``activation="swiglu"`` makes the FFN gated
+(``nn/feedforward.py``); ``n_kv_head`` and ``qk_norm`` change the attention
+(``nn/attention.py``).
 
 Shapes: B batch, T time (Tq decoder, Ts source), C channels, nh heads.
 """
@@ -18,7 +21,8 @@ import torch
 from torch import nn
 
 from .attention import AttnImpl, KVCache, MultiHeadAttention
-from .feedforward import Activation, FeedForward
+from .feedforward import Activation, make_feedforward
+from .norm import Norm, make_norm
 from .positional import ALiBi, PosEncoding, RotaryEmbedding
 
 NormPosition = Literal["pre", "post"]
@@ -44,12 +48,13 @@ class Internals:
 class Residual(nn.Module):
     """One sublayer with its residual connection and LayerNorm, placed "pre" or "post"."""
 
-    def __init__(self, d_model: int, norm_position: NormPosition, dropout: float, eps: float):
+    def __init__(self, d_model: int, norm_position: NormPosition, dropout: float, eps: float,
+                 norm: Norm = "layernorm"):
         super().__init__()
         if norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
         self.pre = norm_position == "pre"
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = make_norm(norm, d_model, eps)
         self.dropout = nn.Dropout(dropout)  # residual dropout (paper section 5.4)
 
     def forward(self, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
@@ -65,7 +70,7 @@ class Residual(nn.Module):
         return self.dropout(y) if self.training else y
 
 
-def _ffn_sublayer(ffn: FeedForward):
+def _ffn_sublayer(ffn: nn.Module):
     return lambda h: (ffn(h), None)
 
 
@@ -76,13 +81,16 @@ class EncoderBlock(nn.Module):
                  bias: bool = True, activation: Activation = "relu",
                  norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
                  layer_norm_eps: float = 1e-5, rope: RotaryEmbedding | None = None,
-                 alibi: ALiBi | None = None):
+                 alibi: ALiBi | None = None, *, norm: Norm = "layernorm",
+                 n_kv_head: int | None = None, qk_norm: bool = False):
         super().__init__()
         self.attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=False,
-                                       attn_impl=attn_impl, rope=rope, alibi=alibi)
-        self.ffn = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.res_attn = Residual(d_model, norm_position, dropout, layer_norm_eps)
-        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps)
+                                       attn_impl=attn_impl, rope=rope, alibi=alibi,
+                                       n_kv_head=n_kv_head, qk_norm=qk_norm,
+                                       norm_eps=layer_norm_eps)
+        self.ffn = make_feedforward(d_model, d_ff, activation, dropout, bias)
+        self.res_attn = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
+        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 need_weights: bool = False):
@@ -100,18 +108,21 @@ class DecoderBlock(nn.Module):
                  bias: bool = True, activation: Activation = "relu",
                  norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
                  layer_norm_eps: float = 1e-5, cross_attention: bool = True,
-                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None):
+                 rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None, *,
+                 norm: Norm = "layernorm", n_kv_head: int | None = None, qk_norm: bool = False):
         super().__init__()
+        heads = dict(n_kv_head=n_kv_head, qk_norm=qk_norm, norm_eps=layer_norm_eps)
         self.self_attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=True,
-                                            attn_impl=attn_impl, rope=rope, alibi=alibi)
-        self.res_self = Residual(d_model, norm_position, dropout, layer_norm_eps)
+                                            attn_impl=attn_impl, rope=rope, alibi=alibi,
+                                            **heads)
+        self.res_self = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
         self.cross_attn = None
         if cross_attention:  # no positional term in cross-attention
             self.cross_attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=False,
-                                                 attn_impl=attn_impl)
-            self.res_cross = Residual(d_model, norm_position, dropout, layer_norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps)
+                                                 attn_impl=attn_impl, **heads)
+            self.res_cross = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
+        self.ffn = make_feedforward(d_model, d_ff, activation, dropout, bias)
+        self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
@@ -135,9 +146,11 @@ class DecoderBlock(nn.Module):
         return x, w_self, w_cross
 
 
-def relative_positions(pos_encoding: PosEncoding, n_head: int, head_size: int, max_len: int):
+def relative_positions(pos_encoding: PosEncoding, n_head: int, head_size: int, max_len: int,
+                       rope_base: float = 10000.0):
     """The (rope, alibi) modules a stack shares across its self-attention layers."""
-    rope = RotaryEmbedding(head_size, max_len=max_len) if pos_encoding == "rope" else None
+    rope = RotaryEmbedding(head_size, base=rope_base, max_len=max_len) \
+        if pos_encoding == "rope" else None
     alibi = ALiBi(n_head) if pos_encoding == "alibi" else None
     return rope, alibi
 
@@ -149,13 +162,16 @@ class Encoder(nn.Module):
                  bias: bool = True, activation: Activation = "relu",
                  norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
                  layer_norm_eps: float = 1e-5, pos_encoding: PosEncoding = "none",
-                 max_len: int = 1024):
+                 max_len: int = 1024, *, norm: Norm = "layernorm", n_kv_head: int | None = None,
+                 qk_norm: bool = False, rope_base: float = 10000.0):
         super().__init__()
-        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len)
+        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len,
+                                         rope_base)
         self.layers = nn.ModuleList(
             EncoderBlock(d_model, n_head, d_ff, dropout, bias, activation, norm_position,
-                         attn_impl, layer_norm_eps, rope, alibi) for _ in range(n_layer))
-        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) \
+                         attn_impl, layer_norm_eps, rope, alibi, norm=norm,
+                         n_kv_head=n_kv_head, qk_norm=qk_norm) for _ in range(n_layer))
+        self.final_norm = make_norm(norm, d_model, layer_norm_eps) \
             if norm_position == "pre" else nn.Identity()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
@@ -177,14 +193,18 @@ class Decoder(nn.Module):
                  bias: bool = True, activation: Activation = "relu",
                  norm_position: NormPosition = "post", attn_impl: AttnImpl = "auto",
                  layer_norm_eps: float = 1e-5, cross_attention: bool = True,
-                 pos_encoding: PosEncoding = "none", max_len: int = 1024):
+                 pos_encoding: PosEncoding = "none", max_len: int = 1024, *,
+                 norm: Norm = "layernorm", n_kv_head: int | None = None, qk_norm: bool = False,
+                 rope_base: float = 10000.0):
         super().__init__()
-        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len)
+        rope, alibi = relative_positions(pos_encoding, n_head, d_model // n_head, max_len,
+                                         rope_base)
         self.layers = nn.ModuleList(
             DecoderBlock(d_model, n_head, d_ff, dropout, bias, activation, norm_position,
-                         attn_impl, layer_norm_eps, cross_attention, rope, alibi)
+                         attn_impl, layer_norm_eps, cross_attention, rope, alibi, norm=norm,
+                         n_kv_head=n_kv_head, qk_norm=qk_norm)
             for _ in range(n_layer))
-        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) \
+        self.final_norm = make_norm(norm, d_model, layer_norm_eps) \
             if norm_position == "pre" else nn.Identity()
 
     def new_cache(self) -> list[tuple[KVCache, KVCache]]:

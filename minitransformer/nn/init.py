@@ -5,7 +5,7 @@
   so the residual sum does not grow with depth (GPT-2 paper, section 2.3). Biases zero.
 - "xavier": Xavier/Glorot uniform on every matrix, as the paper's reference code
   (tensor2tensor) and the Annotated Transformer do. Biases zero.
-LayerNorms start at weight 1, bias 0 in both.
+LayerNorms and RMSNorms start at weight 1 (and bias 0) in both.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 
 from torch import nn
 
+from .norm import NORMS
 from .positional import LearnedPositionalEmbedding
 
 RESIDUAL_PROJECTIONS = ("out_proj", "ffn.proj")
@@ -38,8 +39,8 @@ def init_weights(model: nn.Module, scheme: str, n_layer: int) -> None:
                 nn.init.xavier_uniform_(module.weight)
             else:
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, NORMS):
             if module.weight is not None:
                 nn.init.ones_(module.weight)
-            if module.bias is not None:
+            if getattr(module, "bias", None) is not None:  # RMSNorm has none
                 nn.init.zeros_(module.bias)

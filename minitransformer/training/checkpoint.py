@@ -82,7 +82,23 @@ def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
     for idx, state in sd["state"].items():
         for key, value in state.items():
             tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    return tensors, {"param_groups": sd["param_groups"]}
+    # format 2 names the optimizer; a state without "kind" (format 1) is AdamW's
+    return tensors, {"format": 2, "kind": groups_kind(sd["param_groups"]),
+                     "param_groups": sd["param_groups"]}
+
+
+def groups_kind(param_groups: list[dict]) -> str:
+    """"muon" for Muon + AdamW (``MuonWithAdamW`` marks its groups), else "adamw"."""
+    return "muon" if any(g.get("optimizer") == "muon" for g in param_groups) else "adamw"
+
+
+def check_optimizer_kind(folder: Path, saved_state: dict, optimizer) -> None:
+    """Refuse to load one optimizer's saved state into the other."""
+    saved = groups_kind(saved_state["param_groups"])
+    wanted = groups_kind(optimizer.state_dict()["param_groups"])
+    if saved != wanted:
+        raise UserError(f"{folder} holds {saved}'s optimizer state; resume it with "
+                        f"--optimizer {saved} (not {wanted})")
 
 
 def _unflatten_optimizer(tensors: dict, info: dict) -> dict:
@@ -143,7 +159,9 @@ def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
             state = json.load(f)
     except (OSError, ValueError, SafetensorError) as e:
         raise UserError(f"cannot read the training state in {folder}: {e}") from None
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
+    optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
+    check_optimizer_kind(folder, optimizer_state, optimizer)
+    optimizer.load_state_dict(optimizer_state)
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     return state, rng
 

@@ -132,7 +132,8 @@ class TrainingRun:
         torch.manual_seed(cfg.seed + self.info.rank)  # dropout differs across ranks, as it should
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.learning_rate, cfg.weight_decay,
-                                        (cfg.beta1, cfg.beta2), self.device.type)
+                                        (cfg.beta1, cfg.beta2), self.device.type,
+                                        cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)
         # the same on every rank: one global sampler, each rank taking its part of a batch
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.scaler = torch.amp.GradScaler(self.device.type) \
@@ -188,8 +189,8 @@ class TrainingRun:
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """One optimizer step; returns (this rank's share of the loss, grad norm, log now?)."""
         cfg, info, device = self.cfg, self.info, self.device
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for group in self.optimizer.param_groups:  # Muon's groups run at their own peak
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         t0 = time.perf_counter()
         batch = self.task.batch("train", cfg.batch_size, self.batch_gen)  # the global batch
         self.window_tokens += self.task.tokens(batch)

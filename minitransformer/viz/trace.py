@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import UserError
 from ..nn.mask import causal_mask
@@ -169,9 +170,10 @@ def trace_attention(attn, residual, x: torch.Tensor, weights: torch.Tensor,
     """
     t = x.shape[0]
     h = residual.norm(x) if residual.pre else x  # (T, C)
-    q_raw = attn.split_heads(attn.q_proj(h)[None])[0]  # (nh, T, hs)
-    k_raw = attn.split_heads(attn.k_proj(h)[None])[0]  # (nh, T, hs)
-    v = attn.split_heads(attn.v_proj(h)[None])[0]  # (nh, T, hs)
+    q_raw = attn.queries(h[None], offset=0, rotate=False)[0]  # (nh, T, hs), QK-normed if set
+    k_raw, v = attn.keys_values(h[None], offset=0, rotate=False)  # (1, nkv, T, hs) each
+    # grouped-query attention: each key/value head shown once per query head it serves
+    k_raw, v = attn.expand_kv(k_raw)[0], attn.expand_kv(v)[0]  # (nh, T, hs)
     q = attn.rope(q_raw[None])[0] if attn.rope is not None else q_raw  # (nh, T, hs)
     k = attn.rope(k_raw[None])[0] if attn.rope is not None else k_raw  # (nh, T, hs)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (nh, T, T)
@@ -194,7 +196,8 @@ def trace_ffn(ffn, residual, x: torch.Tensor) -> FFNTrace:
     """Recompute one feed-forward sublayer from its input stream x (T, C)."""
     h = residual.norm(x) if residual.pre else x  # (T, C)
     pre_act = ffn.fc(h)  # (T, F)
-    hidden = ffn.act(pre_act)  # (T, F)
+    gate = getattr(ffn, "gate", None)  # SwiGLU: hidden = SiLU(h W_gate) * (h W1)
+    hidden = F.silu(gate(h)) * pre_act if gate is not None else ffn.act(pre_act)  # (T, F)
     out = ffn.proj(hidden)  # (T, C)
     res = x + out  # (T, C)
     after = res if residual.pre else residual.norm(res)  # (T, C)
@@ -239,7 +242,10 @@ def trace_gpt(model, tokenizer, text: str) -> ForwardTrace:
         trace.layers.append(LayerTrace(a, f))
     trace.final = model.decoder.final_norm(states[-1])  # (T, C)
     trace.logits = logits[0].float()  # (T, V)
-    _check("the logits", model.lm_head(trace.final), trace.logits, atol=1e-3)
+    raw = model.lm_head(trace.final)  # (T, V)
+    if cap := getattr(c, "logit_softcap", None):
+        raw = cap * torch.tanh(raw / cap)  # (T, V)
+    _check("the logits", raw, trace.logits, atol=1e-3)
     first = model.decoder.layers[0].self_attn
     if first.rope is not None:
         hs = first.head_size
