@@ -5,7 +5,8 @@ field's own name: ``--n_layer``), and ``Parser`` reads ``--n-layer`` as the same
 every command. Help lists that one spelling and ends each line with the default. A config
 field's help is the docstring written under the field in its dataclass, so help text lives
 beside the field it describes and nowhere else. Booleans read true/false, on/off, yes/no,
-1/0 everywhere. An argparse error is one line on stderr and a pointer to ``--help``.
+1/0 everywhere; a boolean flag given alone (--shard) is true. An argparse error is one line
+on stderr and a pointer to ``--help``.
 """
 
 from __future__ import annotations
@@ -130,9 +131,10 @@ def add_config_flags(parser: argparse.ArgumentParser, groups: list[tuple[type, s
             if f.name == "time_budget":
                 kind = duration
             default = "" if f.name in NO_DEFAULT else default_text(shown.get(f.name, f.default))
+            bare = {"nargs": "?", "const": True} if kind is parse_bool else {}  # alone: true
             group.add_argument(f"--{f.name}", dest=f.name, type=kind, choices=choices,
                                default=argparse.SUPPRESS, metavar=None if choices else "V",
-                               help=docs.get(f.name, f.name) + default)
+                               help=docs.get(f.name, f.name) + default, **bare)
 
 
 def config_values(args: argparse.Namespace, classes) -> dict:

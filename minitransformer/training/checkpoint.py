@@ -54,10 +54,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with each shared (tied) tensor stored once, contiguous, on the CPU."""
+def model_tensors(model) -> dict[str, torch.Tensor]:
+    """The state dict with each shared (tied) tensor stored once, contiguous, on the CPU.
+    ``model`` is a module, or a state dict already gathered from the ranks of a --shard run."""
     out, seen = {}, set()
-    for name, t in unwrap(model).state_dict().items():
+    state = model if isinstance(model, dict) else unwrap(model).state_dict()
+    for name, t in state.items():
         key = (t.data_ptr(), t.shape, t.dtype)
         if t.numel() and key in seen:
             continue
@@ -77,7 +79,8 @@ def write_model_files(folder: Path, model, meta: dict, tokenizer) -> None:
 
 
 def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
-    sd = optimizer.state_dict()
+    """``optimizer``: an optimizer, or its state dict (a --shard run's, gathered)."""
+    sd = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     tensors = {}
     for idx, state in sd["state"].items():
         for key, value in state.items():
@@ -152,6 +155,14 @@ def read_state(folder: Path) -> dict:
 
 def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
     """Restore the optimizer in place; return (json state, rng tensors)."""
+    state, optimizer_state, rng = read_training_state(folder)
+    check_optimizer_kind(folder, optimizer_state, optimizer)
+    optimizer.load_state_dict(optimizer_state)
+    return state, rng
+
+
+def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
+    """(json state, the optimizer's state dict, rng tensors) of a checkpoint folder."""
     folder = Path(folder)
     try:
         tensors = load_file(folder / STATE_TENSORS)
@@ -160,10 +171,8 @@ def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
     except (OSError, ValueError, SafetensorError) as e:
         raise UserError(f"cannot read the training state in {folder}: {e}") from None
     optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
-    check_optimizer_kind(folder, optimizer_state, optimizer)
-    optimizer.load_state_dict(optimizer_state)
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
-    return state, rng
+    return state, optimizer_state, rng
 
 
 def resolve_model_dir(path, which: str = "best") -> Path:

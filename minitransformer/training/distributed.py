@@ -1,20 +1,36 @@
-"""Data-parallel training with ``torchrun`` and PyTorch's DistributedDataParallel.
+"""Data-parallel training with ``torchrun``: DistributedDataParallel, or FSDP2 with --shard.
 
 ``torchrun --nproc_per_node N -m minitransformer train ...`` starts N processes with RANK,
 LOCAL_RANK and WORLD_SIZE set; each builds the same model, DDP averages the gradients after
 every backward pass, and only rank 0 writes files. Without those variables everything here is
 a no-op and training runs in one process.
+
+``--shard`` (``shard``) keeps 1/N of every parameter, gradient and AdamW moment on each rank
+(``torch.distributed.fsdp.fully_shard``): each Transformer block is one unit, gathered for
+its forward and backward pass and freed after; the root unit holds the rest (the token
+embedding and the output head tied to it, positions, the last norm). Gradients are
+reduce-scattered (averaged, as DDP's all-reduce), so the losses equal DDP's. A checkpoint
+gathers the full state on rank 0 (``full_model_state``, ``full_optimizer_state``) and is the
+same files as a DDP run's; ``set_full_state`` gives each rank its shards back on --resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..errors import UserError
+from ..nn.block import DecoderBlock, EncoderBlock
 from .device import pick_device
+
+# optimizers that need whole matrices (not the row slices a rank holds under --shard)
+WHOLE_MATRIX_OPTIMIZERS = {"muon"}
+# methods a model's decoding calls instead of forward; under --shard they gather the root
+FORWARD_METHODS = ("encode", "decode")
 
 
 @dataclass
@@ -53,8 +69,10 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
-    if not info.enabled:
+def wrap(model: torch.nn.Module, info: DistInfo, device: torch.device,
+         sharded: bool = False) -> torch.nn.Module:
+    """DDP around ``model`` under torchrun; the model itself alone or already ``shard``ed."""
+    if not info.enabled or sharded:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -91,3 +109,134 @@ def gather(obj, info: DistInfo) -> list:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def no_sync(run_model: torch.nn.Module, model: torch.nn.Module):
+    """A context in which backward passes accumulate gradients without averaging them over the
+    ranks (every micro-batch but the last): DDP's no_sync, FSDP's gradient-sync switch."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return run_model.no_sync()
+
+    @contextlib.contextmanager
+    def paused():
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return paused()
+
+
+# ---- --shard: FSDP2 ---------------------------------------------------------------------
+
+def check_shard(cfg) -> None:
+    """Refuse --shard where it cannot work: an optimizer that needs whole matrices, or one
+    process (there is nothing to shard over; torchrun --nproc_per_node 1 is allowed)."""
+    optimizer = getattr(cfg, "optimizer", "adamw")
+    if optimizer in WHOLE_MATRIX_OPTIMIZERS:
+        raise UserError(f"--shard cannot be used with --optimizer {optimizer}: it updates "
+                        f"whole matrices, and each process holds only slices of them")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UserError("--shard splits the model over processes started by torchrun, e.g. "
+                        "torchrun --nproc_per_node 2 -m minitransformer train ... --shard")
+
+
+def shard(model: torch.nn.Module, info: DistInfo, device: torch.device) -> None:
+    """Shard ``model`` in place over every rank: one FSDP unit per Transformer block, then the
+    root (embeddings, the tied output head, the last norm). Call before building the
+    optimizer: the parameters become DTensors holding this rank's rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    mesh = init_device_mesh(device.type, (info.world_size,))
+    for module in list(model.modules()):
+        if isinstance(module, (EncoderBlock, DecoderBlock)):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for name in FORWARD_METHODS:
+        if callable(getattr(model, name, None)):
+            register_fsdp_forward_method(model, name)
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a DTensor (a collective: every rank calls it), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{second name: first name} of each tied parameter (one tensor under several names)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict on rank 0, on the CPU, each tied tensor once (as a plain model's
+    checkpoint has it); {} on the other ranks. Every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_options(cpu_offload=True))
+    for alias in _aliases(model):
+        state.pop(alias, None)
+    return state
+
+
+def _param_names(model: torch.nn.Module, optimizer) -> list[str]:
+    """The name of each of the optimizer's parameters in its state-dict numbering."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The optimizer's whole state on rank 0 ({} elsewhere), numbered as
+    ``optimizer.state_dict()`` numbers a plain model's parameters. Every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    sd = get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+    if not sd:
+        return {}
+    index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
+    aliases = _aliases(model)
+    groups = [{**g, "params": [index[aliases.get(n, n)] for n in g["params"]]}
+              for g in sd["param_groups"]]
+    state = {index[aliases.get(n, n)]: s for n, s in sd["state"].items()}
+    return {"state": state, "param_groups": groups}
+
+
+def set_full_state(model: torch.nn.Module, optimizer, weights: dict[str, torch.Tensor],
+                   optim_state: dict, source: str) -> None:
+    """Give each rank its shards of a full checkpoint (every rank has read the files)."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    weights = dict(weights)
+    for alias, name in _aliases(model).items():
+        if name in weights:
+            weights.setdefault(alias, weights[name])
+    names = _param_names(model, optimizer)
+    try:
+        by_name = {"state": {names[int(i)]: s for i, s in optim_state["state"].items()},
+                   "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                    for g in optim_state["param_groups"]]}
+        set_model_state_dict(model, weights, options=_options())
+        set_optimizer_state_dict(model, optimizer, by_name, options=_options())
+    except (KeyError, IndexError, ValueError, RuntimeError) as e:
+        raise UserError(f"{source}: the checkpoint does not fit the model ({e})") from None

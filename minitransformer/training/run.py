@@ -3,6 +3,7 @@
     setup              processes, run folder, seeds, optimizer                 once
     restore            weights, optimizer, random streams, counters            --resume
     start              log.csv, compile, DDP, the progress bar                 once
+                       (--shard: FSDP2 in setup, before the optimizer; see distributed.py)
     get_lr             warmup + cosine (or the paper's noam) at this step
     train_step         global batch -> this rank's parts -> backward -> clip -> AdamW
     log_step           train loss (the one sync), log.csv, the bar, the NaN check
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..errors import UserError
+from ..io import read_safetensors
 from . import checkpoint as ckpt
 from . import distributed
 from .curves import plot_loss_curve
@@ -121,6 +123,9 @@ class TrainingRun:
     def setup(self, resume: bool, force: bool) -> None:
         """Join the processes; check the batch splits; prepare the folder, seeds, optimizer."""
         cfg = self.cfg
+        self.sharded = cfg.shard
+        if self.sharded:
+            distributed.check_shard(cfg)
         self.info, self.device = distributed.setup(cfg.device)
         self.main = self.info.is_main
         self.task.check_split(cfg.batch_size, self.info.world_size, cfg.grad_accum)
@@ -131,6 +136,8 @@ class TrainingRun:
         self.dtype = pick_dtype(cfg.dtype, self.device)
         torch.manual_seed(cfg.seed + self.info.rank)  # dropout differs across ranks, as it should
         self.model.to(self.device)
+        if self.sharded:  # before the optimizer, which then holds this rank's shards
+            distributed.shard(self.model, self.info, self.device)
         self.optimizer = make_optimizer(self.model, cfg.learning_rate, cfg.weight_decay,
                                         (cfg.beta1, cfg.beta2), self.device.type,
                                         cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)
@@ -142,8 +149,14 @@ class TrainingRun:
     def restore(self) -> None:
         """Continue from the last checkpoint: weights, optimizer, random streams, counters."""
         folder = ckpt.list_checkpoints(self.out_dir)[-1]
-        ckpt.load_weights(self.model, folder / ckpt.MODEL_FILE)
-        state, rng = ckpt.load_training_state(folder, self.optimizer)
+        if self.sharded:
+            state, optimizer_state, rng = ckpt.read_training_state(folder)
+            distributed.set_full_state(self.model, self.optimizer,
+                                       read_safetensors(folder / ckpt.MODEL_FILE),
+                                       optimizer_state, str(folder))
+        else:
+            ckpt.load_weights(self.model, folder / ckpt.MODEL_FILE)
+            state, rng = ckpt.load_training_state(folder, self.optimizer)
         rng["torch"] = rng.get(f"torch_rank{self.info.rank}", rng["torch"])
         restore_rng(state["rng"], rng, self.batch_gen)
         self.step, self.train_time = state["step"], state["train_seconds"]
@@ -157,11 +170,11 @@ class TrainingRun:
         """Open log.csv (one entropy column per attention map), compile, wrap in DDP."""
         cfg = self.cfg
         names = list(self.health.entropy_columns(self.model, self.task, self.device)) \
-            if self.main else []
+            if self.main or self.sharded else []  # sharded: a forward pass on every rank
         self.log = CsvLog(self.out_dir / "log.csv", self.step if resume else None, names) \
             if self.main else None
         self.compiled, _ = maybe_compile(self.model, cfg.compile, self.device)
-        self.run_model = distributed.wrap(self.compiled, self.info, self.device)
+        self.run_model = distributed.wrap(self.compiled, self.info, self.device, self.sharded)
         budget = cfg.time_budget
         self.bar = tqdm(total=int(budget) if budget else cfg.max_iters,
                         initial=int(self.train_time) if budget else self.step,
@@ -216,7 +229,7 @@ class TrainingRun:
         part = tuple(t.to(self.device, non_blocking=True) for t in part)
         last = micro == accum - 1
         sync = contextlib.nullcontext() if last or not info.enabled \
-            else self.run_model.no_sync()  # all-reduce gradients once, after the last
+            else distributed.no_sync(self.run_model, self.model)  # reduce once, at the last
         with sync:
             with autocast(self.device, self.dtype):
                 loss_sum, _ = self.task.loss_terms(self.run_model, part)
@@ -230,6 +243,7 @@ class TrainingRun:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = distributed.full_value(grad_norm)  # sharded: the norm over all ranks
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -274,8 +288,16 @@ class TrainingRun:
         return {**self.meta, "train": dataclasses.asdict(self.cfg), "step": self.step,
                 "val_loss": val_loss, "best_val_loss": min(self.best, val_loss)}
 
+    def full_weights(self):
+        """What the checkpoint writers take: the model, or under --shard its state gathered
+        from every rank (on rank 0; every rank calls this)."""
+        return distributed.full_model_state(self.model) if self.sharded else self.model
+
     def save_state(self, val_loss: float) -> None:
         """A checkpoint in checkpoints/: weights, optimizer, counters, every random stream."""
+        weights, optimizer = self.full_weights(), self.optimizer
+        if self.sharded:
+            optimizer = distributed.full_optimizer_state(self.model, self.optimizer)
         rng_info, tensors = capture_rng(self.batch_gen)
         for r, t in enumerate(distributed.gather(torch.get_rng_state(), self.info)):
             if self.info.enabled:
@@ -284,8 +306,8 @@ class TrainingRun:
             state = {"step": self.step, "train_seconds": self.train_time,
                      "best_val_loss": min(self.best, val_loss), "val_loss": val_loss,
                      "world_size": self.info.world_size, "rng": rng_info}
-            ckpt.save_checkpoint(self.out_dir, self.step, self.model, self.full_meta(val_loss),
-                                 self.tokenizer, self.optimizer, state, tensors,
+            ckpt.save_checkpoint(self.out_dir, self.step, weights, self.full_meta(val_loss),
+                                 self.tokenizer, optimizer, state, tensors,
                                  self.cfg.keep_last)
         distributed.barrier(self.info)
 
@@ -298,25 +320,28 @@ class TrainingRun:
         self.last_eval = step
         is_best = step > 0 and val < self.best
         notes = self.health.on_eval(step, val)
+        # under --shard a forward pass is a collective: every rank takes part, rank 0 writes
+        entropy = self.health.entropy_columns(self.model, self.task, self.device) \
+            if main or self.sharded else {}
+        weights = self.full_weights() if is_best else None
         if main:
-            self.log.write(step=step, val_loss=val, elapsed_s=self.train_time,
-                           **self.health.entropy_columns(self.model, self.task, self.device))
+            self.log.write(step=step, val_loss=val, elapsed_s=self.train_time, **entropy)
             if is_best:
-                ckpt.write_model_files(self.out_dir, self.model, self.full_meta(val),
+                ckpt.write_model_files(self.out_dir, weights, self.full_meta(val),
                                        self.tokenizer)
         if step > 0:
             self.save_state(val)
             if main:
                 plot_loss_curve(self.out_dir / "log.csv", self.out_dir / "loss.png")
             self.best = min(self.best, val)
+        text = self.task.sample(self.model, self.tokenizer, cfg.sample_tokens, self.device) \
+            if cfg.sample_tokens and (main or self.sharded) else ""
         if main:
             self.bar.write(f"step {step}: val loss {val:.4f}"
                            + (" (best so far, saved)" if is_best else ""))
             for note in notes:
                 self.bar.write(note)
             if cfg.sample_tokens:
-                text = self.task.sample(self.model, self.tokenizer, cfg.sample_tokens,
-                                        self.device)
                 self.bar.write("  sample: " + text.replace("\n", "\n          ")[:2000])
 
     def wrap_up(self) -> None:
