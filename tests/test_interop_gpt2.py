@@ -144,7 +144,7 @@ def test_pytorch_bin_is_read_without_unpickling_code(gpt2, tmp_path):
 def test_load_hf_errors_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="no such"):
         load_hf(tmp_path / "absent")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     with pytest.raises(UserError, match="not supported"):
         load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
