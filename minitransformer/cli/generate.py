@@ -38,10 +38,10 @@ they saw of the dropped text (an approximation)."""
 def add_sample(sub) -> None:
     s = sub.add_parser("sample", help="generate text from a trained model", epilog=WINDOW_HELP,
                        description="Continue a prompt with a trained GPT (or a Hugging Face "
-                                   "GPT-2 folder).")
+                                   "GPT-2 or Llama folder).")
     s.add_argument("dir", nargs="?", help="run folder (or checkpoint folder)")
     s.add_argument("--hf", metavar="PATH", default=None,
-                   help="a local Hugging Face GPT-2 folder instead of a run folder "
+                   help="a local Hugging Face GPT-2 or Llama folder instead of a run folder "
                         "(default none)")
     s.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
@@ -156,10 +156,11 @@ def cmd_sample(args) -> int:
 
 
 def _sample_hf(args, device) -> int:
-    """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2 folder."""
+    """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2 or Llama folder."""
     model = load_hf(args.hf, device)
     if not isinstance(model, GPT):
-        raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 folder")
+        raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 or "
+                        f"Llama folder")
     tokenizer = load_hf_tokenizer(args.hf)
     ids = tokenizer.encode(args.prompt)
     if not ids:
