@@ -13,6 +13,7 @@ from pathlib import Path
 from ..config import TrainConfig
 from ..experiments.runs import TrainRequest, train_run
 from ..families import FAMILIES, choose_family
+from ..training.lora import LoraConfig
 from .flags import add_config_flags, add_tokenizer_flag, config_values
 
 
@@ -69,6 +70,8 @@ def add_parser(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_early_stop(t)
     add_config_flags(t, CONFIG_GROUPS, preset_defaults())
+    add_config_flags(t, [(LoraConfig, "LoRA fine-tuning (LoraConfig; needs peft: pip install "
+                                      "'minitransformer[lora]')")])
     t.set_defaults(func=cmd_train)
 
 
@@ -90,5 +93,5 @@ def cmd_train(args) -> int:
         encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
         newline=args.newline,
         fields=config_values(args, classes), resume=args.resume, force=args.force,
-        quiet=args.quiet, early_stop=args.early_stop)
+        quiet=args.quiet, early_stop=args.early_stop, lora=config_values(args, [LoraConfig]))
     return train_run(request)

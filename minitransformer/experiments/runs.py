@@ -24,6 +24,7 @@ from ..families import FAMILIES, Family, choose_family, family_of
 from ..families.base import train_config
 from ..training import checkpoint as ckpt
 from ..training.health import HealthGuard
+from ..training.lora import attach as attach_lora
 from ..training.run import check_out_dir, learning_rate
 from ..training.trainer import train
 from .autosize import autosize_for_train
@@ -46,6 +47,7 @@ class TrainRequest:
     force: bool = False
     quiet: bool = False
     early_stop: bool = False
+    lora: dict = field(default_factory=dict)  # the LoraConfig fields given (--lora_rank ...)
 
 
 def split_for(family: Family, fields: dict) -> tuple[dict, dict]:
@@ -172,7 +174,7 @@ def train_run(req: TrainRequest, echo=print) -> int:
     """Train (or resume) the run ``req`` asks for; returns the exit code."""
     out = Path(req.out)
     check_out_dir(out, req.resume, req.force)  # refuse before reading or printing anything
-    notes = []
+    notes, saved = [], None
     if req.resume:
         family, prepared, built, train_cfg, saved = resumed_run(req)
         state = ckpt.read_state(ckpt.list_checkpoints(out)[-1])
@@ -183,16 +185,20 @@ def train_run(req: TrainRequest, echo=print) -> int:
         notes = resume_notes(saved, state, train_cfg, built.model)
     else:
         family, prepared, built, train_cfg = new_run(req, echo)
+    # LoRA: adapters injected into the model (from scratch, --init_from or resumed); None if off
+    lora = attach_lora(built.model, built.meta, req.lora, saved, req.resume)
     if not req.quiet:
         for line in family.describe(prepared, built, train_cfg):
             echo(line)
+        if lora:
+            echo(lora.summary())
         echo(f"run folder {out}")
     for line in notes:
         echo(line)
     result = train(built.model, prepared.tokenizer, built.task, train_cfg, out, built.meta,
                    resume=req.resume, force=req.force,
                    progress=not req.quiet and sys.stderr.isatty() or None,
-                   health=HealthGuard(early_stop=req.early_stop))
+                   health=HealthGuard(early_stop=req.early_stop), lora=lora)
     if result.interrupted:
         return 130
     echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "

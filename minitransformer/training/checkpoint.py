@@ -114,8 +114,10 @@ def _unflatten_optimizer(tensors: dict, info: dict) -> dict:
 
 
 def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, optimizer,
-                    state: dict, state_tensors: dict, keep_last: int) -> Path:
-    """Write checkpoints/step_N (model + resume state) atomically; keep the newest keep_last."""
+                    state: dict, state_tensors: dict, keep_last: int,
+                    extra_files: dict | None = None) -> Path:
+    """Write checkpoints/step_N (model + resume state) atomically; keep the newest keep_last.
+    ``extra_files``: {file name: tensors} more safetensors files in the folder (LoRA's)."""
     root = Path(out_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:07d}"
@@ -125,6 +127,8 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
         opt_tensors, opt_info = _flatten_optimizer(optimizer)
         all_tensors = {**opt_tensors, **{f"rng.{k}": v for k, v in state_tensors.items()}}
         atomic_write(tmp / STATE_TENSORS, lambda p: save_file(all_tensors, p))
+        for name, extra in (extra_files or {}).items():
+            atomic_write(tmp / name, lambda p, t=extra: save_file(t, p))
         atomic_write_json(tmp / STATE_JSON, {**state, "optimizer": opt_info})
         if final.exists():
             shutil.rmtree(final)

@@ -37,6 +37,7 @@ from .curves import plot_loss_curve
 from .device import autocast, maybe_compile, pick_dtype, set_threads
 from .evaluation import estimate_loss
 from .health import HealthGuard
+from .lora import ADAPTER_FILES
 from .optim import make_optimizer
 from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
@@ -94,7 +95,8 @@ def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
         return
     if has_run and force:
         shutil.rmtree(out_dir / ckpt.CHECKPOINTS, ignore_errors=True)
-        for name in (ckpt.MODEL_FILE, ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, "log.csv"):
+        for name in (ckpt.MODEL_FILE, ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, "log.csv",
+                     *ADAPTER_FILES):
             (out_dir / name).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -109,8 +111,9 @@ class TrainingRun:
     """The state of one run (counters, optimizer, generators, log, bar) and its steps."""
 
     def __init__(self, model, tokenizer, task: Task, cfg: TrainConfig, out_dir, meta: dict,
-                 health: HealthGuard, echo):
+                 health: HealthGuard, echo, lora=None):
         self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, cfg
+        self.lora = lora  # LoRA (lora.py): only its adapters train; saves merge them
         self.out_dir, self.meta, self.health, self.echo = Path(out_dir), meta, health, echo
         self.step, self.train_time = 0, 0.0  # train_time: seconds, evaluation excluded
         self.best, self.last_val, self.last_eval = math.inf, math.nan, -1
@@ -126,6 +129,8 @@ class TrainingRun:
         self.sharded = cfg.shard
         if self.sharded:
             distributed.check_shard(cfg)
+            if self.lora:
+                raise UserError("LoRA (--lora_rank) and --shard do not combine; drop one")
         self.info, self.device = distributed.setup(cfg.device)
         self.main = self.info.is_main
         self.task.check_split(cfg.batch_size, self.info.world_size, cfg.grad_accum)
@@ -154,6 +159,9 @@ class TrainingRun:
             distributed.set_full_state(self.model, self.optimizer,
                                        read_safetensors(folder / ckpt.MODEL_FILE),
                                        optimizer_state, str(folder))
+        elif self.lora:  # the merged weights, then each target's own W, b, A and B
+            self.lora.load(folder)
+            state, rng = ckpt.load_training_state(folder, self.optimizer)
         else:
             ckpt.load_weights(self.model, folder / ckpt.MODEL_FILE)
             state, rng = ckpt.load_training_state(folder, self.optimizer)
@@ -290,7 +298,9 @@ class TrainingRun:
 
     def full_weights(self):
         """What the checkpoint writers take: the model, or under --shard its state gathered
-        from every rank (on rank 0; every rank calls this)."""
+        from every rank (on rank 0; every rank calls this); under LoRA a merged copy."""
+        if self.lora:  # plain weights; the live model stays wrapped
+            return self.lora.merged()
         return distributed.full_model_state(self.model) if self.sharded else self.model
 
     def save_state(self, val_loss: float) -> None:
@@ -308,7 +318,8 @@ class TrainingRun:
                      "world_size": self.info.world_size, "rng": rng_info}
             ckpt.save_checkpoint(self.out_dir, self.step, weights, self.full_meta(val_loss),
                                  self.tokenizer, optimizer, state, tensors,
-                                 self.cfg.keep_last)
+                                 self.cfg.keep_last,
+                                 self.lora.checkpoint_files() if self.lora else None)
         distributed.barrier(self.info)
 
     def evaluate_and_save(self) -> None:
@@ -329,6 +340,8 @@ class TrainingRun:
             if is_best:
                 ckpt.write_model_files(self.out_dir, weights, self.full_meta(val),
                                        self.tokenizer)
+                if self.lora:
+                    self.lora.save_best(self.out_dir)  # the adapter alone, if asked for
         if step > 0:
             self.save_state(val)
             if main:

@@ -36,16 +36,18 @@ class TrainResult:
 
 def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume: bool = False,
           force: bool = False, progress: bool = True, echo=print,
-          health: HealthGuard | None = None) -> TrainResult:
+          health: HealthGuard | None = None, lora=None) -> TrainResult:
     """Train ``model`` on ``task``; write the run folder ``out_dir``; return a summary.
 
     ``meta`` is stored in every config.json (family, model config, data source). Under
     torchrun every process calls this; ``cfg.batch_size`` stays the global batch of one
     optimizer step, each rank taking its part of it (``Task.split``). ``health`` (default:
     warnings only) watches for overfitting and logs attention entropy at each evaluation.
+    ``lora`` (a ``lora.Lora`` holding ``model``): only its adapters train, and every save
+    writes the merged weights.
     """
     run = TrainingRun(model, tokenizer, as_task(task), cfg, out_dir, meta,
-                      health if health is not None else HealthGuard(), echo)
+                      health if health is not None else HealthGuard(), echo, lora)
     run.setup(resume, force)
     if resume:
         run.restore()

@@ -1,0 +1,235 @@
+"""LoRA through peft: only the adapters train (r * (in + out) each), the merged weights give
+the unmerged model's logits and load without peft, PEFT reads the adapter it was given,
+resume is exact, and bad settings are one line and exit 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minitransformer import cli, load_checkpoint
+from minitransformer.config import EncoderConfig
+from minitransformer.errors import UserError
+from minitransformer.io import load_tensors
+from minitransformer.models import GPT
+from minitransformer.models.encoder import EncoderModel
+from minitransformer.training import checkpoint as ckpt
+from minitransformer.training.lora import LORA_STATE, Lora, LoraConfig
+
+peft = pytest.importorskip("peft")
+
+TINY = ["--preset", "debug", "--n_embd", "32", "--batch_size", "8", "--eval_iters", "2",
+        "--sample_tokens", "0", "--quiet"]
+
+
+def _train(data, out, *flags: str) -> None:
+    assert cli.main(["train", "--data", str(data), "--out", str(out), *TINY, *flags]) == 0
+
+
+def _log(run) -> list[dict]:
+    with open(run / "log.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _randomise_adapters(model) -> None:
+    """B starts at zero (merged = base); give A and B values so that merging matters."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+
+
+# ---- the adapters alone ----------------------------------------------------------------
+
+@pytest.mark.parametrize("targets, per_layer", [
+    # n_embd 16, d_ff 64, r 4: q, v are 16 -> 16; fc 16 -> 64; proj 64 -> 16
+    ("q_proj,v_proj", 4 * (16 + 16) * 2),
+    ("q_proj,k_proj,v_proj,out_proj", 4 * (16 + 16) * 4),
+    ("fc,proj", 4 * (16 + 64) * 2),
+])
+def test_trainable_parameters_are_the_adapters_alone(make_gpt, targets, per_layer):
+    model = make_gpt()
+    lora = Lora(model, LoraConfig(lora_rank=4, lora_targets=targets))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert sum(p.numel() for p in trainable.values()) == 2 * per_layer  # two layers
+    assert lora.trainable() == lora.expected_trainable() == 2 * per_layer
+    assert all(".lora_A." in n or ".lora_B." in n for n in trainable)
+
+
+def test_merged_copy_gives_the_unmerged_logits_and_leaves_the_model_wrapped(make_gpt):
+    model = make_gpt(scale=0.2)
+    lora = Lora(model, LoraConfig(lora_rank=3, lora_alpha=6, lora_targets="q_proj,v_proj,fc"))
+    _randomise_adapters(model)
+    idx = torch.randint(0, 13, (2, 16))
+    with torch.no_grad():
+        unmerged, _ = model(idx)
+        merged = lora.merged().eval()
+        plain = GPT(model.config).eval()  # a fresh model loads the saved tensors
+        load_tensors(plain, ckpt.model_tensors(merged), "merged")
+        got, _ = plain(idx)
+        base = GPT(model.config).eval()  # the same model without its adapters
+        load_tensors(base, {k.replace(".base_layer", ""): v for k, v in model.state_dict().items()
+                            if "lora_" not in k}, "base")
+        without, _ = base(idx)
+    torch.testing.assert_close(got, unmerged, atol=1e-5, rtol=0)
+    assert (without - unmerged).abs().max() > 1e-2  # the adapters change the logits
+    assert set(ckpt.model_tensors(merged)) == set(ckpt.model_tensors(base))
+    assert any(".lora_A." in k for k in model.state_dict())  # the live model keeps them
+
+
+def test_a_tied_head_or_a_layer_that_is_not_linear_cannot_be_a_target(make_gpt):
+    with pytest.raises(UserError, match="tied"):
+        Lora(make_gpt(), LoraConfig(lora_rank=2, lora_targets="lm_head"))
+    with pytest.raises(UserError, match="not a linear layer"):
+        Lora(make_gpt(), LoraConfig(lora_rank=2, lora_targets="self_attn"))
+    encoder = EncoderModel(EncoderConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2,
+                                         n_embd=16))
+    with pytest.raises(UserError, match="tied"):  # the masked-LM head's output matrix
+        Lora(encoder, LoraConfig(lora_rank=2, lora_targets="decoder"))
+    untied = make_gpt(tie_weights=False)  # an untied head is an ordinary linear layer
+    lora = Lora(untied, LoraConfig(lora_rank=2, lora_targets="lm_head"))
+    assert lora.trainable() == 2 * (16 + 13)
+
+
+# ---- a LoRA run -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_text):
+    root = tmp_path_factory.mktemp("lora")
+    data = root / "tiny.txt"
+    data.write_text(tiny_text, encoding="utf-8")
+    out = root / "run"
+    _train(data, out, "--max_iters", "20", "--eval_interval", "10", "--lora-rank", "4",
+           "--lora-alpha", "8", "--lora-targets", "q_proj,v_proj", "--lora-save-adapter")
+    return data, out
+
+
+def test_a_run_trains_the_adapters_only(lora_run):
+    _, out = lora_run
+    first, last = (load_file(out / "checkpoints" / f"step_{s:07d}" / "model.safetensors")
+                   for s in (10, 20))
+    targets = [k for k in first if k.endswith(("q_proj.weight", "v_proj.weight"))]
+    assert len(targets) == 2 * 2  # two layers, two targets
+    for name in first:  # frozen weights (biases too) do not move; merged targets do
+        assert torch.equal(first[name], last[name]) == (name not in targets), name
+    state = load_file(out / "checkpoints" / "step_0000020" / "trainer_state.safetensors")
+    moments = [t for k, t in state.items() if k.endswith(".exp_avg")]
+    assert sum(t.numel() for t in moments) == 4 * (32 + 32) * 2 * 2  # r (in + out), 4 targets
+    meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    assert meta["lora"]["lora_rank"] == 4 and meta["lora"]["lora_targets"] == "q_proj,v_proj"
+
+
+def test_the_run_folder_holds_plain_weights_equal_to_peft_with_the_adapter(lora_run):
+    """The merged best model against PeftModel.from_pretrained(base, run folder): the base
+    rebuilt from the checkpoint's frozen weights, the adapter read by peft itself."""
+    _, out = lora_run
+    merged, _ = load_checkpoint(out)
+    meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    folder = out / "checkpoints" / f"step_{meta['step']:07d}"
+    own = load_file(folder / LORA_STATE)
+    base_tensors = {k: v for k, v in load_file(out / "model.safetensors").items()
+                    if not (".q_proj." in k or ".v_proj." in k)}
+    base_tensors.update({k.replace(".base_layer", ""): v for k, v in own.items()
+                         if ".base_layer." in k})
+    base = GPT(merged.config)
+    load_tensors(base, base_tensors, "base")
+    idx = torch.randint(0, merged.config.vocab_size, (2, merged.config.block_size))
+    with torch.no_grad():
+        without, _ = base.eval()(idx)
+        reference = peft.PeftModel.from_pretrained(base, str(out)).eval()
+        expected, _ = reference(idx)
+        got, _ = merged(idx)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (without - expected).abs().max() > 1e-4  # the adapter is not a no-op
+    assert not any("lora" in k or "base_layer" in k for k in load_file(out / "model.safetensors"))
+
+
+BLOCK_PEFT = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "peft" or name.startswith("peft."):
+            raise ImportError("peft is blocked")
+sys.meta_path.insert(0, Block())
+from minitransformer import cli, load_checkpoint
+model, tokenizer = load_checkpoint(sys.argv[1])
+code = cli.main(["sample", sys.argv[1], "--prompt", "the ", "--max_new_tokens", "8",
+                 "--seed", "1"])
+assert "peft" not in sys.modules
+sys.exit(code)
+"""
+
+
+def test_the_merged_run_loads_and_samples_without_peft(lora_run):
+    _, out = lora_run
+    done = subprocess.run([sys.executable, "-c", BLOCK_PEFT, str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("the ")
+    check = subprocess.run([sys.executable, "-c", BLOCK_PEFT.split("from minitransformer")[0]
+                            + "import peft"], capture_output=True, text=True)
+    assert check.returncode != 0  # the block does block
+
+
+def test_resume_restores_the_adapters_and_their_optimizer_state(lora_run, tmp_path):
+    """20 steps, then 20 more from the checkpoint: the same losses and the same files as 40
+    steps in one go (with adapter dropout, so that the random stream matters too)."""
+    data, _ = lora_run
+    flags = ("--eval_interval", "20", "--lora_rank", "4", "--lora_dropout", "0.1")
+    _train(data, tmp_path / "full", "--max_iters", "40", *flags)
+    _train(data, tmp_path / "part", "--max_iters", "20", *flags)
+    assert cli.main(["train", "--out", str(tmp_path / "part"), "--resume", "--max_iters", "40",
+                     "--quiet"]) == 0
+
+    def curve(run):
+        return [(r["step"], r["train_loss"], r["val_loss"], r["grad_norm"]) for r in _log(run)]
+
+    assert curve(tmp_path / "part") == curve(tmp_path / "full")
+    for name in ("model.safetensors", LORA_STATE, "trainer_state.safetensors"):
+        a, b = (load_file(tmp_path / run / "checkpoints" / "step_0000040" / name)
+                for run in ("full", "part"))
+        assert a.keys() == b.keys(), name
+        for key in a:
+            if not key.startswith("rng."):
+                assert torch.equal(a[key], b[key]), (name, key)
+
+
+# ---- bad settings ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, says", [
+    (["--lora_alpha", "4"], "need(s) --lora_rank"),
+    (["--lora-targets", "q_proj", "--lora-dropout", "0.1"], "need(s) --lora_rank"),
+    (["--lora_rank", "0"], "--lora_rank must be a positive rank"),
+    (["--lora_rank", "-2"], "--lora_rank must be a positive rank"),
+    (["--lora_rank", "2", "--lora_targets", "q_prj"], "matches no module"),
+    (["--lora_rank", "2", "--lora_targets", "lm_head"], "tied"),
+    (["--lora_rank", "2", "--lora_targets", "decoder"], "not a linear layer"),
+    (["--lora_rank", "2", "--lora_dropout", "1.5"], "--lora_dropout"),
+])
+def test_bad_lora_settings_are_one_line_and_exit_2(lora_run, tmp_path, capsys, flags, says):
+    data, _ = lora_run
+    code = cli.main(["train", "--data", str(data), "--out", str(tmp_path / "o"), *TINY,
+                     "--max_iters", "2", *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_resume_keeps_the_lora_settings(lora_run, tmp_path, capsys):
+    data, out = lora_run
+    code = cli.main(["train", "--out", str(out), "--resume", "--max_iters", "30", "--quiet",
+                     "--lora_rank", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--lora_rank differs" in err and len(err.strip().splitlines()) == 1
+    plain = tmp_path / "plain"
+    _train(data, plain, "--max_iters", "2", "--eval_interval", "2")
+    code = cli.main(["train", "--out", str(plain), "--resume", "--max_iters", "4", "--quiet",
+                     "--lora_rank", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "without LoRA" in err and len(err.strip().splitlines()) == 1
