@@ -1,11 +1,12 @@
 """Hugging Face folders: ``embed --hf PATH "sentence" ...`` and ``export DIR --hf OUT``.
 
     minitransformer embed --hf path/to/all-MiniLM-L6-v2 "A man is eating food." "A man eats."
-    minitransformer export runs/shakespeare --hf exported/   (GPT2LMHeadModel.from_pretrained)
+    minitransformer export runs/shakespeare --hf exported/   (AutoModelForCausalLM, AutoTokenizer)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from ..errors import UserError
@@ -14,7 +15,7 @@ from ..interop import describe, load_hf, save_hf
 from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
 from ..training.device import pick_device
-from .flags import add_device, add_run_dir
+from .flags import HelpFormatter, add_device, add_run_dir
 
 
 def add_embed(sub) -> None:
@@ -34,13 +35,38 @@ def add_embed(sub) -> None:
     e.set_defaults(func=cmd_embed)
 
 
+EXPORT_HELP = """\
+in Python, with transformers installed:
+  tok = AutoTokenizer.from_pretrained(OUT)         # a fast tokenizer with the run's ids
+  model = AutoModelForCausalLM.from_pretrained(OUT)
+  out = model.generate(**tok("ROMEO:", return_tensors="pt"), max_new_tokens=50, do_sample=False)
+  tok.decode(out[0], skip_special_tokens=True)     # = sample RUN --temperature 0 --prompt
+                                                   #   ROMEO: --max-new-tokens 50
+tokenizer: a BPE run's <|endoftext|> is its bos and eos token; generate stops there while
+sample never does (a run's corpus without that text never teaches the model to write it). A
+char run has no special tokens, and characters it never saw encode as '?' (else '\uff1f',
+'\ufffd' or a space, else the first character of its vocabulary; no new id, as the model has
+none to spare): AutoTokenizer never raises, but such text does not decode back as it was,
+while sample refuses it. generate stops at the context window (block_size tokens, prompt
+included); sample slides past it."""
+
+
+EXPORT_DESCRIPTION = """\
+Write config.json, generation_config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json and special_tokens_map.json: transformers'
+AutoModelForCausalLM.from_pretrained(OUT) gives a GPT2LMHeadModel with the run's weights and
+AutoTokenizer.from_pretrained(OUT) a fast tokenizer with the run's ids (char or BPE). Needs
+GPT-2's options: learned positions, Pre-LN, biases."""
+
+
+class _RawFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """The description and the Python example below kept as written."""
+
+
 def add_export(sub) -> None:
     x = sub.add_parser(
         "export", help="write a trained GPT as a Hugging Face GPT-2 folder",
-        description="Write config.json, model.safetensors and tokenizer.json that "
-                    "transformers' GPT2LMHeadModel.from_pretrained and "
-                    "PreTrainedTokenizerFast(tokenizer_file=...) load. Needs GPT-2's options: "
-                    "learned positions, Pre-LN, biases.")
+        description=EXPORT_DESCRIPTION, epilog=EXPORT_HELP, formatter_class=_RawFormatter)
     add_run_dir(x)
     x.add_argument("--hf", required=True, metavar="PATH", help="folder to write")
     x.set_defaults(func=cmd_export)
@@ -50,9 +76,10 @@ def cmd_export(args) -> int:
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("export")
     folder = save_hf(run.model, args.hf, run.tokenizer)
-    print(f"wrote {folder}/ (config.json, model.safetensors, tokenizer.json): "
+    print(f"wrote {folder}/ (config.json, model.safetensors, tokenizer.json, ...): "
           f"{describe(run.model)}")
-    print(f"try it: minitransformer sample --hf {folder} --prompt ...")
+    print(f"try it: minitransformer sample --hf {folder} --prompt ...; or in Python "
+          f"AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained")
     return 0
 
 

@@ -4,8 +4,10 @@ folder.
     load_hf("path/to/gpt2")        -> GPT            (model_type "gpt2")
     load_hf("path/to/llama")       -> GPT            (model_type "llama": RMSNorm, SwiGLU, RoPE)
     load_hf("path/to/minilm")      -> EncoderModel   (model_type "bert")
-    save_hf(gpt, "out/")           -> config.json + model.safetensors for GPT2LMHeadModel
-                                      or LlamaForCausalLM
+    save_hf(gpt, "out/", tok)      -> config.json + model.safetensors for GPT2LMHeadModel
+                                      or LlamaForCausalLM,
+                                      generation_config.json, and with ``tok`` the tokenizer
+                                      files AutoTokenizer loads (see interop/tokenizer.py)
 
 Everything is local: a folder on disk, read without unpickling, nothing downloaded.
 """
@@ -17,10 +19,10 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from ..errors import UserError
-from ..io import atomic_write, atomic_write_json
+from ..io import atomic_write, atomic_write_json, atomic_write_text
 from ..models import GPT, EncoderModel
 from . import bert, gpt2, llama
-from .tokenizer import char_tokenizer_as_hf
+from .tokenizer import exported_tokenizer
 from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights
 
 SUPPORTED = ("gpt2", "llama", "bert")
@@ -67,32 +69,29 @@ def save_hf(model, path, tokenizer=None) -> Path:
     ``GPT2LMHeadModel``.
 
     Raises ``UserError`` when the model's options fit neither (sinusoidal positions, Post-LN,
-    ...). ``tokenizer`` (char, BPE or one read by
-    ``load_hf_tokenizer``) is saved as tokenizer.json with the same ids.
+    ...). ``tokenizer`` (char, BPE or one read by ``load_hf_tokenizer``) is saved with the
+    same ids as tokenizer.json, tokenizer_config.json and special_tokens_map.json
+    (``AutoTokenizer.from_pretrained`` loads them); its special tokens give config.json and
+    generation_config.json their bos / eos ids.
     """
     if not isinstance(model, GPT):
         raise UserError(f"only a GPT can be written as GPT-2 or Llama, not a "
                         f"{type(model).__name__}")
     arch = architecture(model.config)
     hf_config = arch.config_to_hf(model.config)
-    tok_json = None
-    if tokenizer is not None:
-        inner = getattr(tokenizer, "tokenizer", None) or getattr(tokenizer, "hf", None)
-        if getattr(tokenizer, "kind", "") == "char":
-            inner = char_tokenizer_as_hf(tokenizer.chars)
-        if not hasattr(inner, "to_str"):  # not a tokenizers.Tokenizer inside
-            raise UserError(f"a {type(tokenizer).__name__} cannot be written as a Hugging Face "
-                            f"tokenizer.json")
-        tok_json = inner.to_str()
+    tok = None if tokenizer is None else exported_tokenizer(tokenizer)
+    files, generation = _tokenizer_files(tok, model.config)
+    hf_config.update(generation)
     tensors = arch.state_to_hf(model.state_dict(), model.config)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / "model.safetensors",
                  lambda tmp: save_file(tensors, tmp, {"format": "pt"}))
     atomic_write_json(folder / "config.json", hf_config)
-    if tok_json is not None:
-        atomic_write(folder / "tokenizer.json",
-                     lambda tmp: Path(tmp).write_text(tok_json, encoding="utf-8"))
+    atomic_write_json(folder / "generation_config.json", generation)
+    for name, content in files.items():
+        write = atomic_write_text if isinstance(content, str) else atomic_write_json
+        write(folder / name, content)
     return folder
 
 
@@ -107,6 +106,28 @@ def architecture(config):
     except UserError as e:
         raise UserError(f"{e}; nor as Llama: {'; '.join(wrong)}") from None
     return gpt2
+
+
+def _tokenizer_files(tok, config) -> tuple[dict, dict]:
+    """(tokenizer files by name, generation_config.json) for a model of ``config``.
+
+    ``generate`` stops at eos_token_id and pads with pad_token_id (the eos token when there is
+    no pad token, which ``generate`` would otherwise pick itself with a warning). A char
+    tokenizer has no special tokens: no bos or eos, ``generate`` writes every new token it is
+    asked for.
+    """
+    generation = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    if tok is None:
+        return {}, generation
+    size = tok.tokenizer.get_vocab_size(with_added_tokens=True)
+    if size > config.vocab_size:
+        raise UserError(f"the tokenizer has {size:,} tokens but the model only "
+                        f"{config.vocab_size:,}: they do not belong together")
+    bos, eos = tok.token_id("bos_token"), tok.token_id("eos_token")
+    pad = tok.token_id("pad_token")
+    generation.update(bos_token_id=bos, eos_token_id=eos,
+                      pad_token_id=pad if pad is not None else eos)
+    return tok.files(config.block_size), generation
 
 
 def describe(model) -> str:

@@ -1,12 +1,23 @@
-"""The tokenizer of a Hugging Face model folder, read with the ``tokenizers`` library.
+"""Hugging Face tokenizers: read one from a model folder, or write ours for ``transformers``.
 
-Looked for in this order: ``tokenizer.json`` (any model), ``vocab.json`` + ``merges.txt``
-(GPT-2's byte-level BPE), ``vocab.txt`` (BERT's WordPiece). Nothing is downloaded.
+Reading (``load_hf_tokenizer``) looks in this order: ``tokenizer.json`` (any model),
+``vocab.json`` + ``merges.txt`` (GPT-2's byte-level BPE), ``vocab.txt`` (BERT's WordPiece).
+Nothing is downloaded.
+
+Writing (``exported_tokenizer(tok).files(block_size)``) gives tokenizer.json with our ids, plus
+tokenizer_config.json and special_tokens_map.json, so that ``AutoTokenizer.from_pretrained``
+builds a fast tokenizer that encodes and decodes as ours does::
+
+    tokenizer.json            the tokenizers-library pipeline (vocabulary, pre-tokenizer, decoder)
+    tokenizer_config.json     tokenizer_class PreTrainedTokenizerFast, model_max_length,
+                              clean_up_tokenization_spaces false (" ," stays " ,"), specials
+    special_tokens_map.json   the special tokens by role (bos_token, eos_token, ...)
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import (
@@ -61,14 +72,87 @@ class HFTokenizer:
         return ids, mask
 
 
+# What an exported char tokenizer writes for a character its vocabulary lacks: the first of
+# these the vocabulary has, else its first character (id 0). Never a new entry: every id must
+# stay below the model's vocab_size.
+CHAR_STAND_INS = ("?", "\uff1f", "\ufffd", " ")
+
+# The roles transformers gives special tokens, by the names tokenizers commonly use for them.
+# GPT-2's <|endoftext|> both starts and ends a text.
+SPECIAL_ROLES = {
+    "<|endoftext|>": ("bos_token", "eos_token"), "<s>": ("bos_token",), "</s>": ("eos_token",),
+    "<pad>": ("pad_token",), "<unk>": ("unk_token",), "<mask>": ("mask_token",),
+    "[PAD]": ("pad_token",), "[UNK]": ("unk_token",), "[CLS]": ("cls_token",),
+    "[SEP]": ("sep_token",), "[MASK]": ("mask_token",),
+}
+
+
+def char_stand_in(chars: list[str]) -> str:
+    """The character an exported char tokenizer encodes unknown characters as."""
+    return next((c for c in CHAR_STAND_INS if c in chars), chars[0])
+
+
 def char_tokenizer_as_hf(chars: list[str]) -> Tokenizer:
     """Our character tokenizer as a ``tokenizers.Tokenizer`` (same ids): every character is a
-    word of a WordLevel vocabulary, and decoding joins them with nothing in between."""
-    unk = "?" if "?" in chars else None
-    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=unk))
+    word of a WordLevel vocabulary, and decoding joins them with nothing in between. A
+    character outside the vocabulary becomes ``char_stand_in(chars)`` instead of an error."""
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)},
+                                     unk_token=char_stand_in(chars)))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return tok
+
+
+@dataclass(frozen=True)
+class ExportedTokenizer:
+    """A tokenizer as ``transformers`` will load it: the ``tokenizers.Tokenizer`` and its
+    special tokens by role ({"bos_token": "<|endoftext|>", ...}; empty for a char tokenizer)."""
+
+    tokenizer: Tokenizer
+    specials: dict[str, str]
+
+    def token_id(self, role: str) -> int | None:
+        """The id of the special token of ``role`` ("bos_token", ...), or None."""
+        token = self.specials.get(role)
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    def files(self, model_max_length: int) -> dict[str, str | dict]:
+        """{file name: text or JSON object} for a Hugging Face folder."""
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
+            "model_input_names": ["input_ids", "attention_mask"],
+            **self.specials,
+        }
+        return {"tokenizer.json": self.tokenizer.to_str(), "tokenizer_config.json": config,
+                "special_tokens_map.json": dict(self.specials)}
+
+
+def _special_roles(tok: Tokenizer) -> dict[str, str]:
+    """Role -> token for the special tokens ``tok`` declares, the lowest id first."""
+    roles: dict[str, str] = {}
+    for _, added in sorted(tok.get_added_tokens_decoder().items()):
+        if added.special:
+            for role in SPECIAL_ROLES.get(added.content, ()):
+                roles.setdefault(role, added.content)
+    return roles
+
+
+def exported_tokenizer(tokenizer) -> ExportedTokenizer:
+    """Ours (char, BPE) or one read by ``load_hf_tokenizer``, ready to write for transformers.
+
+    Only tokens the tokenizer already marks special get a role: a char tokenizer has none (its
+    stand-in for unknown characters is an ordinary character, which ``decode(...,
+    skip_special_tokens=True)`` must not drop).
+    """
+    if getattr(tokenizer, "kind", "") == "char":
+        return ExportedTokenizer(char_tokenizer_as_hf(tokenizer.chars), {})
+    inner = getattr(tokenizer, "tokenizer", None) or getattr(tokenizer, "hf", None)
+    if not isinstance(inner, Tokenizer):
+        raise UserError(f"a {type(tokenizer).__name__} cannot be written as a Hugging Face "
+                        f"tokenizer.json")
+    return ExportedTokenizer(inner, _special_roles(inner))
 
 
 def _gpt2_bpe(vocab: Path, merges: Path) -> Tokenizer:
