@@ -20,7 +20,7 @@ import torch
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..errors import ConfigError, UserError
-from ..families import FAMILIES, Family, choose_family, family_of
+from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
 from ..training import checkpoint as ckpt
 from ..training.health import HealthGuard
@@ -201,6 +201,8 @@ def train_run(req: TrainRequest, echo=print) -> int:
                    health=HealthGuard(early_stop=req.early_stop), lora=lora)
     if result.interrupted:
         return 130
+    if train_cfg.shard:  # the shards ended with their processes: finish with the whole model
+        built.model = load_checkpoint(out, device=next(built.model.parameters()).device)[0]
     echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "
          f"val loss {result.val_loss:.4f} (best {result.best_val_loss:.4f})")
     for line in family.finish(out, result, prepared, built, train_cfg):
