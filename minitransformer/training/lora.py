@@ -175,11 +175,11 @@ class Lora:
         return sum(self.cfg.lora_rank * (i + o) for i, o in self.shapes.values())
 
     def summary(self) -> str:
-        total = sum(p.numel() for p in self.model.parameters())
         n = self.trainable()
+        frozen = sum(p.numel() for p in self.model.parameters()) - n
         return (f"LoRA rank {self.cfg.lora_rank}, alpha {self.cfg.lora_alpha:g} on "
-                f"{len(self.targets)} layers ({self.cfg.lora_targets}): {n:,} of {total:,} "
-                f"parameters train ({100 * n / total:.2f}%)")
+                f"{len(self.targets)} layers ({self.cfg.lora_targets}): {n:,} parameters train "
+                f"({100 * n / frozen:.2f}% of the {frozen:,} frozen)")
 
     # ---- saving ------------------------------------------------------------------------
 
