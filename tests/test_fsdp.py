@@ -1,7 +1,8 @@
 """--shard (FSDP2): 2 CPU processes (gloo) holding half of every parameter each train as DDP.
 
 The same 20 steps of a tiny GPT run under DDP straight through and under --shard in two
-halves (10 steps, then --resume), so one sharded run also checks the resume: losses,
+halves (10 steps, then --resume with --grad_accum 2, which must not change the numbers), so
+one sharded run also checks the resume and the accumulation without a gradient sync: losses,
 weights and optimizer state must equal DDP's, and the checkpoint loads in one process.
 Launches are slow (each process imports torch): three, of two processes each.
 """
@@ -59,7 +60,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     torchrun(root / "ddp")
     torchrun(root / "shard", "--shard", "--max_iters", str(STEPS // 2))
-    torchrun(root / "shard", "--shard", "--resume")
+    torchrun(root / "shard", "--shard", "--resume", "--grad_accum", "2")
     return root
 
 
