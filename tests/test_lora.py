@@ -233,3 +233,34 @@ def test_resume_keeps_the_lora_settings(lora_run, tmp_path, capsys):
                      "--lora_rank", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "without LoRA" in err and len(err.strip().splitlines()) == 1
+
+
+def _pairs(path, tiny_text) -> str:
+    """Sentence pairs for a seq2seq run: each line and its reverse, tab-separated."""
+    lines = [line for line in tiny_text.splitlines() if line]
+    path.write_text("".join(f"{s}\t{s[::-1]}\n" for s in lines * 5), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["encoder", "seq2seq"])
+def test_lora_runs_for_the_other_families_load_plain_and_resume(family, tiny_text, tmp_path,
+                                                                capsys):
+    data = tmp_path / "tiny.txt"
+    data.write_text(tiny_text, encoding="utf-8")
+    if family == "seq2seq":
+        data = _pairs(tmp_path / "pairs.tsv", tiny_text)
+    extra = ["--vocab_size", "300", "--batch_tokens", "600"] if family == "seq2seq" else []
+    out = tmp_path / "run"
+    flags = ["--model", family, "--preset", "debug", *extra, "--eval_iters", "2",
+             "--sample_tokens", "0", "--eval_interval", "2", "--lora_rank", "2"]
+    assert cli.main(["train", "--data", str(data), "--out", str(out), *flags, "--max_iters",
+                     "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "LoRA rank 2" in printed and "parameters train" in printed
+    own = load_file(out / "checkpoints" / "step_0000002" / LORA_STATE)
+    assert any(".lora_A." in k for k in own) and any(".base_layer." in k for k in own)
+    assert not any("lora" in k for k in load_file(out / "model.safetensors"))
+    assert cli.main(["evaluate", str(out)]) == 0  # plain weights, as any run's
+    assert cli.main(["train", "--out", str(out), "--resume", "--max_iters", "4",
+                     "--quiet"]) == 0
+    assert [p.name for p in ckpt.list_checkpoints(out)][-1] == "step_0000004"
