@@ -132,3 +132,34 @@ def test_a_gpt2_folders_tokenizer_exports_too(runs, tmp_path):
         assert tok(text)["input_ids"] == hf_tok.encode(text) == ours.encode(text)
         assert tok.decode(tok(text)["input_ids"]) == text
     assert tok.eos_token == tok.bos_token == "<|endoftext|>"
+
+
+
+def _tiny_gpt(vocab_size):
+    from minitransformer import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab_size=vocab_size, block_size=8, n_layer=1, n_head=1, n_embd=8))
+
+
+@pytest.mark.parametrize("chars, stand_in", [("\nab?？ ", "?"), ("\n山？ ", "？"), ("\nab ", " "),
+                                             ("ab", "a")])
+def test_the_stand_in_is_an_existing_character(tmp_path, chars, stand_in):
+    """No new id for unknown characters: the first of '?', '？', U+FFFD, ' ' the vocabulary
+    has, else its first character."""
+    from minitransformer.tokenizers import CharTokenizer
+
+    ours = CharTokenizer(list(chars))
+    tok = transformers.AutoTokenizer.from_pretrained(
+        save_hf(_tiny_gpt(ours.vocab_size), tmp_path / "hf", ours))
+    ids = tok(chars[-1] + "🙂")["input_ids"]
+    assert ids == [ours.stoi[chars[-1]], ours.stoi[stand_in]]
+    assert tok.decode(ids) == chars[-1] + stand_in
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
+    from minitransformer.errors import UserError
+    from minitransformer.tokenizers import CharTokenizer
+
+    with pytest.raises(UserError, match="do not belong together"):
+        save_hf(_tiny_gpt(3), tmp_path / "hf", CharTokenizer(list("abcd")))
+    assert not (tmp_path / "hf").exists()
