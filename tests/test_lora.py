@@ -123,6 +123,8 @@ def test_a_run_trains_the_adapters_only(lora_run):
     assert sum(t.numel() for t in moments) == 4 * (32 + 32) * 2 * 2  # r (in + out), 4 targets
     meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
     assert meta["lora"]["lora_rank"] == 4 and meta["lora"]["lora_targets"] == "q_proj,v_proj"
+    newest, _ = load_checkpoint(out, which="last")  # a checkpoint folder loads plain too
+    assert all(torch.equal(t, last[k]) for k, t in ckpt.model_tensors(newest).items())
 
 
 def test_the_run_folder_holds_plain_weights_equal_to_peft_with_the_adapter(lora_run):
