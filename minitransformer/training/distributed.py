@@ -140,8 +140,9 @@ def check_shard(cfg) -> None:
         raise UserError(f"--shard cannot be used with --optimizer {optimizer}: it updates "
                         f"whole matrices, and each process holds only slices of them")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise UserError("--shard splits the model over processes started by torchrun, e.g. "
-                        "torchrun --nproc_per_node 2 -m minitransformer train ... --shard")
+        raise UserError("--shard splits the model over processes started by torchrun "
+                        "(torchrun --nproc_per_node 2 -m minitransformer train ... --shard); "
+                        "in one process, or to resume a sharded run in one, pass --shard false")
 
 
 def shard(model: torch.nn.Module, info: DistInfo, device: torch.device) -> None:
