@@ -139,6 +139,9 @@ class TrainingRun:
         distributed.barrier(self.info)
         set_threads()
         self.dtype = pick_dtype(cfg.dtype, self.device)
+        if self.sharded and self.dtype == torch.float16:  # each rank would skip steps alone
+            raise UserError("--shard does not combine with float16 and its loss scaler; pass "
+                            "--dtype bfloat16 or float32")
         torch.manual_seed(cfg.seed + self.info.rank)  # dropout differs across ranks, as it should
         self.model.to(self.device)
         if self.sharded:  # before the optimizer, which then holds this rank's shards
