@@ -1,10 +1,12 @@
-"""How close our GPT comes to transformers' LlamaForCausalLM on the same random weights.
+"""How close our GPT comes to transformers' LlamaForCausalLM (and Qwen3ForCausalLM) on the same
+random weights.
 
     python bench/llama_parity.py            # CPU, a few seconds
 
-The two small Llamas of tests/test_interop_llama.py (grouped-query attention with an untied
-head and RoPE theta 500; multi-query attention with a tied head), saved by transformers and
-read with ``load_hf``. Printed per model, as max |logit difference| over 3 x 32 tokens:
+The small models of tests/test_interop_llama.py (Llamas with grouped-query attention, an
+untied head and RoPE theta 500, and with multi-query attention and a tied head; a Qwen3),
+saved by transformers and read with ``load_hf``. Printed per model, as max |logit difference|
+over 3 x 32 tokens:
 
 - float32: ours against theirs, both paths of our attention;
 - transformers' own float32 against its float64: the size of float32 rounding here;
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 import transformers
 from transformers.models.llama import modeling_llama
+from transformers.models.qwen3 import modeling_qwen3
 
 from minitransformer.interop import load_hf
 
@@ -30,15 +33,22 @@ CONFIGS = {
                        rms_norm_eps=1e-5, tie_word_embeddings=False),
     "mqa_tied": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=True),
+    "qwen3_tied": dict(kind="qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       tie_word_embeddings=True),
 }
+CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+NORMS = (modeling_llama.LlamaRMSNorm, modeling_qwen3.Qwen3RMSNorm)
 
 
-def random_llama(folder: Path, **overrides):
+def random_llama(folder: Path, kind: str = "llama", **overrides):
     """As the tests build it: linear weights N(0, 0.25), norm gains 1 + N(0, 0.2)."""
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=BLOCK,
-                                   attn_implementation="eager", **overrides)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    config_class, model_class = CLASSES[kind]
+    cfg = config_class(vocab_size=VOCAB, max_position_embeddings=BLOCK,
+                       attn_implementation="eager", **overrides)
+    model = model_class(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -50,7 +60,7 @@ def random_llama(folder: Path, **overrides):
 
 
 def rms_norm_in_input_dtype(self, h):
-    """transformers' LlamaRMSNorm without its cast to float32."""
+    """transformers' LlamaRMSNorm (Qwen3RMSNorm) without its cast to float32."""
     return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) +
                                           self.variance_epsilon))
 
@@ -76,12 +86,14 @@ def main() -> None:
         hf64 = hf.double()
         line.append(f"theirs 32 vs 64 {(ref - hf64(ids).logits).abs().max():.2e}")
         hf64.set_attn_implementation("sdpa")  # computes the softmax in the input's dtype
-        plain = modeling_llama.LlamaRMSNorm.forward
-        modeling_llama.LlamaRMSNorm.forward = rms_norm_in_input_dtype
+        plain = [norm.forward for norm in NORMS]
+        for norm in NORMS:
+            norm.forward = rms_norm_in_input_dtype
         try:
             exact = hf64(ids).logits
         finally:
-            modeling_llama.LlamaRMSNorm.forward = plain
+            for norm, forward in zip(NORMS, plain, strict=True):
+                norm.forward = forward
         mine = ours(folder, "reference").double()
         rope = mine.decoder.layers[0].self_attn.rope  # one module shared by every layer
         cos, sin = hf64.model.rotary_emb(torch.zeros(1, BLOCK, 1, dtype=torch.float64),

@@ -1,7 +1,9 @@
-"""Our GPT against Hugging Face's LlamaForCausalLM with the same weights (no network).
+"""Our GPT against Hugging Face's LlamaForCausalLM (and Qwen3ForCausalLM) with the same
+weights (no network).
 
 Two small random Llamas: grouped-query attention (4 query heads on 2 key/value heads) with an
-untied head and a RoPE base of 500, and multi-query attention (8 on 1) with a tied head.
+untied head and a RoPE base of 500, and multi-query attention (8 on 1) with a tied head; and a
+small random Qwen3 (Llama with QK-norm), 4 query heads on 2, tied.
 """
 
 import json
@@ -25,18 +27,23 @@ CONFIGS = {
                        rms_norm_eps=1e-5, tie_word_embeddings=False),
     "mqa_tied": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=True),
+    "qwen3_tied": dict(kind="qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       tie_word_embeddings=True),
 }
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
 
 
-def random_llama(folder, seed=0, **overrides):
+def random_llama(folder, seed=0, kind="llama", **overrides):
     """A small LlamaForCausalLM with random weights far from its init, saved as safetensors:
     linear and embedding weights N(0, 0.25) (varied logits), norm gains 1 + N(0, 0.2) (a gain
     copied to the wrong place shows)."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=BLOCK,
-                                   attn_implementation="eager", bos_token_id=0,
-                                   eos_token_id=0, **overrides)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    config_class, model_class = (getattr(transformers, name) for name in CLASSES[kind])
+    cfg = config_class(vocab_size=VOCAB, max_position_embeddings=BLOCK,
+                       attn_implementation="eager", bos_token_id=0, eos_token_id=0, **overrides)
+    model = model_class(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -68,6 +75,7 @@ def test_config_read_from_llama_fields(llama):
          BLOCK, VOCAB)
     assert (c.n_kv_head, c.tie_weights, c.layer_norm_eps) == \
         (h.num_key_value_heads, h.tie_word_embeddings, h.rms_norm_eps)
+    assert c.qk_norm == (h.model_type == "qwen3")
     assert c.rope_base == h.rope_parameters["rope_theta"]
 
 
@@ -111,7 +119,7 @@ def test_greedy_generation_matches_hf(llama):
                       pad_token_id=0, eos_token_id=None)
     got = ours.generate(prompt, 24, temperature=0.0)
     assert got.tolist() == ref.tolist()
-    assert len(set(got[0, 4:].tolist())) > 3  # not one token repeated
+    assert len(set(got[:, 4:].flatten().tolist())) > 3  # not one token repeated
 
 
 def test_export_round_trip(llama, tmp_path):
@@ -120,9 +128,10 @@ def test_export_round_trip(llama, tmp_path):
     ours = load_hf(folder)
     out = save_hf(ours, tmp_path / "saved")
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["model_type"] == hf.config.model_type
+    assert cfg["architectures"] == [type(hf).__name__]
     back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
-    assert isinstance(back, transformers.LlamaForCausalLM)
+    assert type(back) is type(hf)
     again = load_hf(out)
     assert again.config == ours.config
     ids = torch.randint(VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
@@ -154,7 +163,7 @@ def test_save_hf_of_our_own_llama_shaped_gpt(tmp_path):
     assert again.config == GPTConfig(**{**cfg.__dict__, "d_ff": cfg.ffn_width})
 
 
-@pytest.mark.parametrize("change", [dict(bias=True), dict(qk_norm=True),
+@pytest.mark.parametrize("change", [dict(bias=True), dict(scale_embeddings=True),
                                     dict(logit_softcap=30.0), dict(norm_position="post")])
 def test_save_hf_refuses_what_neither_expresses(tmp_path, change):
     llama_shaped = dict(norm="rmsnorm", activation="swiglu", pos_encoding="rope", bias=False)
@@ -222,6 +231,8 @@ REFUSED = [
     ("mlp_bias", dict(mlp_bias=True)),
     ("pretraining_tp", dict(pretraining_tp=2)),
     ("hidden_act", dict(hidden_act="gelu")),
+    ("use_sliding_window", dict(model_type="qwen3", use_sliding_window=True)),
+    ("layer_types", dict(layer_types=["sliding_attention"])),
 ]
 
 

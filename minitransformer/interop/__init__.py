@@ -1,4 +1,5 @@
-"""Interoperability with Hugging Face checkpoints: GPT-2 and BERT folders in, GPT-2 out.
+"""Interoperability with Hugging Face checkpoints: GPT-2, Llama, Qwen3 and BERT folders in;
+GPT-2, Llama or Qwen3 out.
 
     from minitransformer.interop import load_hf, load_hf_tokenizer, save_hf
     model = load_hf("path/to/all-MiniLM-L6-v2")      # an EncoderModel with BERT's weights

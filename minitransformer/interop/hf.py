@@ -3,6 +3,7 @@ folder.
 
     load_hf("path/to/gpt2")        -> GPT            (model_type "gpt2")
     load_hf("path/to/llama")       -> GPT            (model_type "llama": RMSNorm, SwiGLU, RoPE)
+    load_hf("path/to/qwen3")       -> GPT            (model_type "qwen3": Llama + QK-norm)
     load_hf("path/to/minilm")      -> EncoderModel   (model_type "bert")
     save_hf(gpt, "out/", tok)      -> config.json + model.safetensors for GPT2LMHeadModel
                                       or LlamaForCausalLM,
@@ -25,8 +26,9 @@ from . import bert, gpt2, llama
 from .tokenizer import exported_tokenizer
 from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights
 
-SUPPORTED = ("gpt2", "llama", "bert")
-ARCHITECTURES = {"GPT2": "gpt2", "Llama": "llama", "Bert": "bert"}  # class name -> model_type
+SUPPORTED = ("gpt2", "llama", "qwen3", "bert")
+ARCHITECTURES = {"GPT2": "gpt2", "Llama": "llama", "Qwen3": "qwen3",
+                 "Bert": "bert"}  # class name -> model_type
 
 
 def model_type(hf_config: dict) -> str:
@@ -43,14 +45,14 @@ def model_type(hf_config: dict) -> str:
 def load_hf(path, device="cpu"):
     """Read a local Hugging Face folder (config.json + model.safetensors) into our model.
 
-    GPT-2 and Llama folders give a ``GPT``, BERT folders an ``EncoderModel``; returned in
+    GPT-2, Llama and Qwen3 folders give a ``GPT``, BERT folders an ``EncoderModel``; returned in
     eval mode.
     """
     folder = hf_folder(path)
     hf_config = read_hf_config(folder)
     kind = model_type(hf_config)
     weights = read_hf_weights(folder)
-    if kind in ("gpt2", "llama"):
+    if kind in ("gpt2", "llama", "qwen3"):  # llama.py reads both Llama and Qwen3
         arch = gpt2 if kind == "gpt2" else llama
         config = arch.config_from_hf(hf_config)
         model = GPT(config)
@@ -65,8 +67,8 @@ def load_hf(path, device="cpu"):
 
 def save_hf(model, path, tokenizer=None) -> Path:
     """Write our ``GPT`` as a folder that ``AutoModelForCausalLM.from_pretrained`` loads:
-    a ``LlamaForCausalLM`` when the GPT is Llama-shaped (see ``architecture``), else a
-    ``GPT2LMHeadModel``.
+    a ``LlamaForCausalLM`` when the GPT is Llama-shaped (see ``architecture``;
+    ``Qwen3ForCausalLM`` with qk_norm), else a ``GPT2LMHeadModel``.
 
     Raises ``UserError`` when the model's options fit neither (sinusoidal positions, Post-LN,
     ...). ``tokenizer`` (char, BPE or one read by ``load_hf_tokenizer``) is saved with the
@@ -97,7 +99,8 @@ def save_hf(model, path, tokenizer=None) -> Path:
 
 def architecture(config):
     """The module that writes a GPT of ``config``: ``llama`` for RMSNorm + SwiGLU + RoPE +
-    Pre-LN without biases, else ``gpt2``; refuses, saying why, a GPT that fits neither."""
+    Pre-LN without biases (QK-norm: a Qwen3), else ``gpt2``; refuses, saying why, a GPT that
+    fits neither."""
     wrong = llama.mismatches(config)
     if not wrong:
         return llama
