@@ -47,8 +47,9 @@ PEFT_PREFIX = "base_model.model."  # the key prefix of PEFT's saved adapters
 class LoraConfig:
     """Low-rank adapters on named linear layers; every other weight stays frozen."""
 
-    lora_rank: int = 0
-    """LoRA: rank r of each adapter; unset or 0 means no LoRA (every weight trains)"""
+    lora_rank: int
+    """LoRA: rank r of each adapter, a positive number; without this flag every weight
+    trains"""
     lora_alpha: float | None = None
     """LoRA: the update is (alpha / r) B A (default alpha = r, a scale of 1)"""
     lora_targets: str = "q_proj,v_proj"
