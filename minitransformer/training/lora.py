@@ -90,7 +90,10 @@ def settings(given: dict, saved: dict | None = None, resume: bool = False) -> Lo
                 raise UserError(f"--resume keeps the run's settings and it was trained "
                                 f"without LoRA; drop {flags}")
             return None
-        out = LoraConfig(**saved)
+        try:
+            out = LoraConfig(**saved)
+        except TypeError as e:
+            raise UserError(f"the run's config.json has a damaged lora entry ({e})") from None
         for key, value in given.items():  # only the adapter's output may change
             if key != "lora_save_adapter" and getattr(LoraConfig(**{**saved, key: value}),
                                                       key) != getattr(out, key):
