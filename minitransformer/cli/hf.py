@@ -54,9 +54,11 @@ included); sample slides past it."""
 EXPORT_DESCRIPTION = """\
 Write config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and special_tokens_map.json: transformers'
-AutoModelForCausalLM.from_pretrained(OUT) gives a GPT2LMHeadModel with the run's weights and
-AutoTokenizer.from_pretrained(OUT) a fast tokenizer with the run's ids (char or BPE). Needs
-GPT-2's options: learned positions, Pre-LN, biases."""
+AutoModelForCausalLM.from_pretrained(OUT) gives a model with the run's weights and
+AutoTokenizer.from_pretrained(OUT) a fast tokenizer with the run's ids (char or BPE). The model
+is a LlamaForCausalLM for a Llama-shaped run (rmsnorm, swiglu, rope, Pre-LN, no biases; with
+qk_norm a Qwen3ForCausalLM), else a GPT2LMHeadModel, which needs GPT-2's options: learned
+positions, Pre-LN, biases."""
 
 
 class _RawFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -65,7 +67,7 @@ class _RawFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 
 def add_export(sub) -> None:
     x = sub.add_parser(
-        "export", help="write a trained GPT as a Hugging Face GPT-2 folder",
+        "export", help="write a trained GPT as a Hugging Face GPT-2 or Llama folder",
         description=EXPORT_DESCRIPTION, epilog=EXPORT_HELP, formatter_class=_RawFormatter)
     add_run_dir(x)
     x.add_argument("--hf", required=True, metavar="PATH", help="folder to write")
