@@ -321,6 +321,9 @@ class TrainConfig:
     (section 5.3)"""
     keep_last: int = 3
     """recent checkpoints kept in checkpoints/"""
+    log: Literal["csv", "tensorboard"] = "csv"
+    """log.csv always; tensorboard also writes TensorBoard event files to RUN/tensorboard/
+    (tensorboard --logdir RUN)"""
     sample_tokens: int = 200
     """length of the sample printed at each evaluation (0 = none)"""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"

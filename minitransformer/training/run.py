@@ -182,8 +182,8 @@ class TrainingRun:
         cfg = self.cfg
         names = list(self.health.entropy_columns(self.model, self.task, self.device)) \
             if self.main or self.sharded else []  # sharded: a forward pass on every rank
-        self.log = CsvLog(self.out_dir / "log.csv", self.step if resume else None, names) \
-            if self.main else None
+        self.log = CsvLog(self.out_dir / "log.csv", self.step if resume else None, names,
+                          tensorboard=cfg.log == "tensorboard") if self.main else None
         self.compiled, _ = maybe_compile(self.model, cfg.compile, self.device)
         self.run_model = distributed.wrap(self.compiled, self.info, self.device, self.sharded)
         budget = cfg.time_budget
@@ -369,6 +369,9 @@ class TrainingRun:
 
     def close(self) -> None:
         self.bar.close()
+        log = getattr(self, "log", None)  # None on other ranks, unset before start
+        if log is not None and log.tensorboard is not None:
+            log.tensorboard.close()
         if self.interrupted and self.main:
             self.echo(f"interrupted at step {self.step}; saved a checkpoint in "
                       f"{self.out_dir / ckpt.CHECKPOINTS}. Resume with: minitransformer train "
