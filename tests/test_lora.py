@@ -266,3 +266,31 @@ def test_lora_runs_for_the_other_families_load_plain_and_resume(family, tiny_tex
     assert cli.main(["train", "--out", str(out), "--resume", "--max_iters", "4",
                      "--quiet"]) == 0
     assert [p.name for p in ckpt.list_checkpoints(out)][-1] == "step_0000004"
+
+
+def test_two_data_parallel_processes_train_the_adapters_as_one_does(lora_run, tmp_path):
+    """torchrun, 2 CPU processes (DDP over the adapters alone) against one process."""
+    import os
+    import socket
+
+    data, _ = lora_run
+    common = [*TINY, "--data", str(data), "--max_iters", "6", "--eval_interval", "3",
+              "--log_interval", "1", "--n_layer", "1", "--block_size", "16", "--dtype",
+              "float32", "--lora_rank", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launches = {"one": [sys.executable, "-m", "minitransformer"],
+                "two": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m",
+                        "minitransformer"]}
+    for name, launch in launches.items():
+        done = subprocess.run([*launch, "train", *common, "--out", str(tmp_path / name)],
+                              env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stdout + done.stderr
+    one, two = ([float(r["train_loss"]) for r in _log(tmp_path / run) if r["train_loss"]]
+                for run in ("one", "two"))
+    assert len(one) == 6 and one == pytest.approx(two, abs=1e-5)
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
