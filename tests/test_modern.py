@@ -276,3 +276,16 @@ def test_train_config_muon_fields():
         TrainConfig(optimizer="sgd")
     with pytest.raises(ConfigError):
         TrainConfig(muon_momentum=1.0)
+
+
+def test_compare_varies_the_new_fields(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("It is a truth universally acknowledged. " * 100, encoding="utf-8")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", str(corpus), "--out", str(out), *TINY, "--max_iters",
+                 "4", "--eval_interval", "4", "--pos_encoding", "rope",
+                 "--vary", "n_kv_head=1,4", "--vary", "optimizer=adamw,muon"]) == 0
+    table = (out / "results.md").read_text()
+    for value in ("muon", "adamw"):
+        assert value in table
+    assert len(list(out.glob("*/config.json"))) == 4
