@@ -310,10 +310,11 @@ class TrainConfig:
     optimizer: Literal["adamw", "muon"] = "adamw"
     """adamw for every parameter, or muon: Muon (Jordan et al. 2024, torch.optim.Muon) for the
     2-D matrices inside the blocks, AdamW for embeddings, the output head, norms and biases"""
-    muon_lr: float = 0.02
-    """Muon's peak learning rate (the schedule scales it as it scales learning_rate)"""
-    muon_momentum: float = 0.95
-    """Muon's momentum (Nesterov)"""
+    muon_lr: float | None = None
+    """Muon's peak learning rate, scaled by the schedule as learning_rate is (default 0.02;
+    only with --optimizer muon)"""
+    muon_momentum: float | None = None
+    """Muon's Nesterov momentum (default 0.95; only with --optimizer muon)"""
     time_budget: float | None = None
     """train for this long (e.g. 120s, 5m), evaluation excluded; none: max_iters decides"""
     lr_schedule: Literal["cosine", "noam"] = "cosine"
@@ -345,9 +346,14 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("beta1", "beta2", "muon_momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
         _check_literals(self)
+        for name in ("muon_lr", "muon_momentum"):
+            if self.optimizer != "muon" and getattr(self, name) is not None:
+                raise ConfigError(f"{name} applies to --optimizer muon only (this run uses "
+                                  f"{self.optimizer})")
 
 
 def parse_duration(text: str | float | int) -> float:

@@ -185,7 +185,8 @@ def test_bad_values_fail_at_construction(bad, message):
 def test_bad_values_from_the_cli_exit_2(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("hello world " * 50)
-    for flags in (["--n_kv_head", "5"], ["--logit_softcap", "0"], ["--muon_lr", "-1"]):
+    for flags in (["--n_kv_head", "5"], ["--logit_softcap", "0"],
+                  ["--optimizer", "muon", "--muon_lr", "-1"], ["--muon_lr", "0.05"]):
         code = main(["train", "--data", str(corpus), "--out", str(tmp_path / "r"),
                      "--preset", "debug", *flags])
         assert code == 2, flags
@@ -275,7 +276,9 @@ def test_train_config_muon_fields():
     with pytest.raises(ConfigError):
         TrainConfig(optimizer="sgd")
     with pytest.raises(ConfigError):
-        TrainConfig(muon_momentum=1.0)
+        TrainConfig(optimizer="muon", muon_momentum=1.0)
+    with pytest.raises(ConfigError, match="applies to --optimizer muon only"):
+        TrainConfig(muon_lr=0.05)
 
 
 def test_compare_varies_the_new_fields(tmp_path):

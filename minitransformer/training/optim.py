@@ -24,6 +24,8 @@ from ..errors import ConfigError, UserError
 from ..nn.norm import NORMS
 from ..nn.positional import LearnedPositionalEmbedding
 
+MUON_LR, MUON_MOMENTUM = 0.02, 0.95  # Keller Jordan's defaults for the hidden matrices
+
 # Layers that map to the vocabulary: never Muon's, even where they are not tied to an embedding
 OUTPUT_LAYERS = ("lm_head", "mlm_head.decoder")
 
@@ -136,9 +138,12 @@ def check_muon(optimizer: str) -> None:
 
 def make_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                    betas: tuple[float, float], device_type: str, optimizer: str = "adamw",
-                   muon_lr: float = 0.02, muon_momentum: float = 0.95):
+                   muon_lr: float | None = None, muon_momentum: float | None = None):
     """AdamW over every parameter, or ``MuonWithAdamW`` (``optimizer="muon"``): Muon at peak
-    ``muon_lr`` for ``muon_parameters``, AdamW at ``learning_rate`` for the rest."""
+    ``muon_lr`` (default 0.02) and momentum ``muon_momentum`` (default 0.95) for
+    ``muon_parameters``, AdamW at ``learning_rate`` for the rest."""
+    muon_lr = MUON_LR if muon_lr is None else muon_lr
+    muon_momentum = MUON_MOMENTUM if muon_momentum is None else muon_momentum
     if optimizer == "adamw":
         return _adamw(param_groups(model, weight_decay), learning_rate, betas, device_type)
     check_muon(optimizer)
