@@ -32,6 +32,11 @@ GPT: dict[str, dict] = {
                       norm_position="pre", batch_size=8, learning_rate=6e-4,
                       min_lr=6e-5, warmup_iters=2000, max_iters=600_000,
                       weight_decay=0.1, beta2=0.95),
+    # --init_from's default: training fields only (the model is the source's). A small
+    # learning rate, a short warmup, cosine decay over a fixed number of steps.
+    "finetune": dict(learning_rate=3e-4, min_lr=3e-5, warmup_iters=50, max_iters=1000,
+                     lr_schedule="cosine", batch_size=16, eval_interval=100, eval_iters=50,
+                     weight_decay=0.01, beta2=0.99, grad_clip=1.0),
 }
 
 # The bidirectional encoder, trained as a masked language model (BERT's task #1).
@@ -51,6 +56,11 @@ ENCODER: dict[str, dict] = {
                       type_vocab_size=2, dropout=0.1, batch_size=256, max_iters=1_000_000,
                       learning_rate=1e-4, min_lr=0.0, warmup_iters=10_000,
                       weight_decay=0.01, beta1=0.9, beta2=0.999, eval_interval=2000),
+    # --init_from's default (training fields only): continued masked-LM training at BERT's
+    # fine-tuning scale of learning rate.
+    "finetune": dict(learning_rate=1e-4, min_lr=1e-5, warmup_iters=50, max_iters=1000,
+                     lr_schedule="cosine", batch_size=16, eval_interval=100, eval_iters=20,
+                     weight_decay=0.01, beta2=0.999, grad_clip=1.0),
 }
 
 # The encoder-decoder. batch_tokens / train_max_len belong to data.ParallelDataConfig.
@@ -76,6 +86,10 @@ SEQ2SEQ: dict[str, dict] = {
                  train_max_len=128, lr_schedule="noam", warmup_iters=4000,
                  max_iters=100_000, eval_interval=1000, eval_iters=50, beta1=0.9,
                  beta2=0.98, weight_decay=0.0, grad_clip=0.0, sample_tokens=80),
+    # --init_from's default (training fields only).
+    "finetune": dict(learning_rate=2e-4, min_lr=2e-5, warmup_iters=50, max_iters=2000,
+                     lr_schedule="cosine", batch_size=256, eval_interval=200, eval_iters=20,
+                     weight_decay=0.0, beta2=0.98, grad_clip=1.0),
 }
 
 

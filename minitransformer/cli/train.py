@@ -4,6 +4,7 @@
     minitransformer train --model encoder --data shakespeare --out runs/mlm   (masked LM)
     minitransformer train --data bible_en_es --out runs/en-es                 (seq2seq: a .tsv)
     minitransformer train --out runs/shakespeare --resume --max_iters 5000
+    minitransformer train --init_from runs/shakespeare --data my.txt --out runs/mine
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
     t = sub.add_parser(
         "train", help="train a model on a corpus (any family), or resume a run",
         usage="minitransformer train --data CORPUS --out DIR [--preset NAME] "
-              "[--model gpt|encoder|seq2seq] [--resume] [--FIELD VALUE ...]",
+              "[--model gpt|encoder|seq2seq] [--resume | --init_from PATH] [--FIELD VALUE ...]",
         description="Train a model. Any config field is a flag: --n_layer 4 ... The defaults "
                     "shown are those of the default preset, cpu-small, of the GPT family "
                     "(fields of the other families: their own cpu-small); every preset's "
@@ -61,6 +62,12 @@ def add_parser(sub) -> None:
                        f"{name}: {', '.join(f.presets)}" for name, f in FAMILIES.items()))
     add_tokenizer_flag(t)
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--init_from", default=None, metavar="PATH",
+                   help="start from pretrained weights: a Hugging Face GPT-2 or BERT folder "
+                        "(config.json, model.safetensors, tokenizer files) or a run folder; "
+                        "the model keeps its architecture and tokenizer (only --dropout, "
+                        "--attn_impl and a smaller --block_size may change), the training "
+                        "fields come from --preset (default finetune)")
     t.add_argument("--force", action="store_true", help="replace a run already in --out")
     t.add_argument("--encoding", default=None, help="text encoding of the corpus "
                    "(default utf-8)")
@@ -93,5 +100,6 @@ def cmd_train(args) -> int:
         encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
         newline=args.newline,
         fields=config_values(args, classes), resume=args.resume, force=args.force,
+        init_from=args.init_from,
         quiet=args.quiet, early_stop=args.early_stop, lora=config_values(args, [LoraConfig]))
     return train_run(request)

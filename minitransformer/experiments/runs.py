@@ -6,6 +6,9 @@
     resume    the newest checkpoint names its family, model, data and tokenizer; the same
               fields may be repeated, a different model or data field is an error, training
               fields given (e.g. a larger --max_iters) override the saved ones
+    init_from a pretrained folder (Hugging Face GPT-2 / BERT, or a run) gives the model, its
+              weights and the tokenizer; the training fields come from --preset (default
+              finetune); flags that would change the architecture are errors
 
 Nothing here knows a family by name: everything family-specific is a method of ``Family``.
 """
@@ -22,6 +25,8 @@ from ..config import TrainConfig, config_from_dict, field_names
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
+from ..families.pretrained import read_source
+from ..tokenizers import UnknownCharactersError
 from ..training import checkpoint as ckpt
 from ..training.health import HealthGuard
 from ..training.lora import attach as attach_lora
@@ -45,6 +50,7 @@ class TrainRequest:
     fields: dict = field(default_factory=dict)  # config fields given, of any config class
     resume: bool = False
     force: bool = False
+    init_from: str | None = None  # start from this pretrained folder (HF or a run)
     quiet: bool = False
     early_stop: bool = False
     lora: dict = field(default_factory=dict)  # the LoraConfig fields given (--lora_rank ...)
@@ -75,7 +81,9 @@ def _train_config(fields: dict) -> TrainConfig:
 
 
 def new_run(req: TrainRequest, echo=print):
-    """(family, prepared, built, train_cfg) for a run from scratch."""
+    """(family, prepared, built, train_cfg) for a run from scratch (or from --init_from)."""
+    if req.init_from is not None:
+        return pretrained_run(req, echo)
     family = choose_family(req.model, req.data, req.data_tgt)
     split_for(family, req.fields)  # a foreign flag fails before the preset is read
     if req.tokenizer is not None and req.tokenizer not in family.tokenizers:
@@ -100,12 +108,47 @@ def new_run(req: TrainRequest, echo=print):
     return family, prepared, built, train_cfg
 
 
+def pretrained_run(req: TrainRequest, echo=print):
+    """(family, prepared, built, train_cfg) for ``--init_from``: the source's architecture,
+    weights and tokenizer; the training fields of --preset, by default the family's
+    ``finetune`` (a preset's model fields do not apply)."""
+    source = read_source(req.init_from)
+    family = source.family
+    if req.model is not None and req.model != family.name:
+        raise UserError(f"--init_from {source.path} holds a {family.title} model, not a "
+                        f"{req.model} one: drop --model or pass --model {family.name}")
+    if req.tokenizer is not None:
+        raise UserError(f"--tokenizer: a run started from {source.path} keeps its tokenizer; "
+                        f"drop the flag")
+    model_f, train_f = split_for(family, req.fields)
+    preset = req.preset or "finetune"
+    train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f})
+    data = req.data or source.meta.get("data", {}).get("source") or family.default_data
+    meta = source.meta if source.kind == "run" else {}
+    try:
+        prepared = family.reopen(meta, source.tokenizer, data, req.encoding or "utf-8",
+                                 req.data_tgt, req.newline)
+    except UnknownCharactersError as e:
+        raise UserError(f"--init_from {source.path} reads characters, and {data}: {e}; a "
+                        f"character model can only be fine-tuned on text in its alphabet (a "
+                        f"BPE model on any text)") from None
+    torch.manual_seed(train_cfg.seed)  # a fresh masked-LM head, dropout
+    built, notes = family.start_from(source, prepared, model_f, train_cfg.seed)
+    built.meta["preset"] = preset
+    echo(f"starting from {source.describe()}: its weights and tokenizer; preset {preset}")
+    for line in notes:
+        echo(line)
+    return family, prepared, built, train_cfg
+
+
 def resumed_run(req: TrainRequest):
     """(family, prepared, built, train_cfg, saved meta) for ``--resume`` from the newest
     checkpoint."""
     found = ckpt.list_checkpoints(req.out)
     if not found:
         raise UserError(f"nothing to resume in {req.out}: it has no checkpoints/ folder")
+    if req.init_from is not None:
+        raise UserError("--resume continues the run's own weights; drop --init_from")
     meta = ckpt.read_meta(found[-1])
     family = family_of(meta)
     if req.preset is not None and meta.get("preset", req.preset) != req.preset:
@@ -135,8 +178,9 @@ def resumed_run(req: TrainRequest):
         built = family.build(prepared, saved, train_cfg.seed)
     except (KeyError, TypeError) as e:
         raise UserError(f"{found[-1]}/config.json is damaged ({e}); cannot resume") from None
-    if "preset" in meta:
-        built.meta["preset"] = meta["preset"]
+    for key in ("preset", "init_from"):
+        if key in meta:
+            built.meta[key] = meta[key]
     return family, prepared, built, train_cfg, meta
 
 

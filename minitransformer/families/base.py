@@ -14,6 +14,8 @@ A family is one module (``gpt.py``, ``encoder.py``, ``seq2seq.py``) holding one 
     evaluate(model, tokenizer, meta, options)  the lines of ``evaluate`` (loss, accuracy, BLEU)
     attention_views(model, tokenizer, text, target)
     loss_at_length(model, prepared, length, device)
+    start_from(source, prepared, fields)       train --init_from: ``build``'s model with a
+                                               pretrained folder's weights (pretrained.py)
 
 ``families/__init__.py`` registers each once; a run folder's ``config.json`` names its family,
 the one key every loader dispatches on. A command that does not apply to a family raises
@@ -32,6 +34,7 @@ from torch import nn
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..errors import ConfigError, UserError
+from ..io import load_tensors
 from ..presets import get_preset
 from ..tokenizers import TOKENIZERS
 
@@ -180,6 +183,55 @@ class Family:
     def loss_at_length(self, model, prepared: Prepared, length: int, device,
                        n_tokens: int = 16384, seed: int = 0) -> float:
         raise CannotEvaluate("not defined for this model family")
+
+    # -- starting from pretrained weights (train --init_from) -------------------------------
+    init_changeable: frozenset[str] = frozenset({"dropout", "attn_impl"})  # beside block_size
+
+    def init_fields(self, source, fields: dict) -> dict:
+        """The fields of a run started from ``source`` (``pretrained.Source``): its model's,
+        with the flags given applied where they leave every tensor's shape and the function
+        as they are (``init_changeable``; block_size may shrink). Data fields (seq2seq's
+        batching) are free. Any other model field given with another value is a UserError
+        naming the flag."""
+        own = dataclasses.asdict(source.config)
+        out = {**(self.saved_fields(source.meta) if source.kind == "run" else {}), **own}
+        for key, value in fields.items():
+            if key not in own or value == own[key] or key in self.init_changeable:
+                out[key] = value
+            elif key == "block_size" and value < own[key]:
+                out[key] = value  # a learned position table keeps its first rows
+            else:
+                more = " (it may only shrink)" if key == "block_size" else ""
+                raise UserError(f"--{key} {value}: a run started from {source.path} keeps its "
+                                f"architecture ({key} {own[key]}){more}; drop the flag")
+        return out
+
+    def start_from(self, source, prepared: Prepared, fields: dict,
+                   seed: int = 0) -> tuple[Built, list[str]]:
+        """(the model and task of ``build`` holding the source's weights, lines to print)."""
+        built = self.build(prepared, self.init_fields(source, fields), seed)
+        if built.config.vocab_size != source.config.vocab_size:
+            raise UserError(f"{source.path}: its tokenizer has {prepared.tokenizer.vocab_size:,} "
+                            f"ids but its model {source.config.vocab_size:,} rows of embedding")
+        notes = self.load_source(built.model, source)
+        built.meta["init_from"] = source.origin
+        return built, notes
+
+    def load_source(self, model: nn.Module, source, fresh: dict | None = None) -> list[str]:
+        """Copy the source's weights into ``model`` (a shorter block_size takes the first rows
+        of a learned position table); ``fresh`` names tensors kept as ``model`` has them.
+        Returns lines to print."""
+        expected = model.state_dict()
+        old, new = source.config.block_size, model.config.block_size
+        state = {}
+        for name, t in source.state.items():
+            want = expected.get(name)
+            if want is not None and t.shape != want.shape and t.shape[0] == old and \
+                    want.shape[0] == new and t.shape[1:] == want.shape[1:]:
+                t = t[:new]  # (new, C) of (old, C): positions 0 .. new-1
+            state[name] = t
+        load_tensors(model, {**state, **(fresh or {})}, str(source.path))
+        return []
 
 
 def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: TrainConfig,

@@ -2,9 +2,12 @@
 
     train      15% of the tokens chosen, 80% [MASK] / 10% random / 10% kept; predict them
     evaluate   masked-LM val loss, masked-token accuracy, the most-frequent-token baseline
+    train --init_from   continue masked-LM training of a BERT folder (all-MiniLM-L6-v2) or
+               an encoder run; a folder without a masked-LM head gets a fresh one
 
 The tokenizer gets one id beyond the corpus' own, [MASK]: with characters it is the last id
-(the char tokenizer never produces it); with BPE it is the special token ``<mask>``.
+(the char tokenizer never produces it); with BPE it is the special token ``<mask>`` (BERT's
+``[MASK]`` in a tokenizer from a Hugging Face folder).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from ..training.mlm import MaskedLMTask
 from ..viz.views import self_attention_views
 from .base import Built, NotApplicable, Prepared, run_meta, summary_lines
 from .streams import StreamFamily
+
+MASK_TOKENS = ("<mask>", "[MASK]")  # ours, BERT's
 
 
 class EncoderFamily(StreamFamily):
@@ -39,9 +44,10 @@ class EncoderFamily(StreamFamily):
         """The [MASK] id and the model's vocabulary size."""
         if tokenizer.kind == "char":  # one id past the characters
             return {"mask_id": tokenizer.vocab_size, "vocab_size": tokenizer.vocab_size + 1}
-        mask = tokenizer.token_to_id("<mask>")
+        found = (tokenizer.token_to_id(t) for t in MASK_TOKENS)
+        mask = next((i for i in found if i is not None), None)
         if mask is None:
-            raise NotApplicable("the BPE tokenizer has no <mask> token")
+            raise NotApplicable("the BPE tokenizer has no <mask> (or BERT's [MASK]) token")
         return {"mask_id": mask, "vocab_size": tokenizer.vocab_size}
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
@@ -52,6 +58,27 @@ class EncoderFamily(StreamFamily):
         self.check_length(prepared, cfg.block_size)
         return Built(cfg, EncoderModel(cfg), self.make_task(prepared, cfg),
                      run_meta(self.name, cfg, prepared.data_meta), cfg.n_layer)
+
+    def init_fields(self, source, fields: dict) -> dict:
+        """As every family's; a source saved without a masked-LM head (an embedding model
+        such as all-MiniLM-L6-v2) gets a fresh one: --mlm_head bert (default) or linear."""
+        if source.config.mlm_head != "none":
+            return super().init_fields(source, fields)
+        head = fields.get("mlm_head", "bert")
+        out = super().init_fields(source, {k: v for k, v in fields.items() if k != "mlm_head"})
+        return {**out, "mlm_head": head}
+
+    def load_source(self, model, source, fresh: dict | None = None) -> list[str]:
+        if source.config.mlm_head != "none":
+            return super().load_source(model, source, fresh)
+        tied = model.tok_emb.weight.data_ptr()
+        head = {k: v for k, v in model.state_dict().items()
+                if k.startswith("mlm_head.") and v.data_ptr() != tied}
+        super().load_source(model, source, {**head, **(fresh or {})})
+        how = "its output tied to the token embeddings" if model.config.tie_weights else \
+            "its own output matrix"
+        return [f"{source.path} has no masked-LM head: added a fresh one "
+                f"({model.config.mlm_head}, {how}), trained from random weights"]
 
     def make_task(self, prepared: Prepared, config) -> MaskedLMTask:
         return MaskedLMTask(prepared.train_ids, prepared.val_ids, config.block_size,

@@ -1,0 +1,105 @@
+"""Where ``train --init_from PATH`` starts: a pretrained folder, read once.
+
+PATH is either
+
+- a Hugging Face folder: config.json, the weights (model.safetensors, read without
+  unpickling) and the tokenizer files (tokenizer.json, or GPT-2's vocab.json + merges.txt, or
+  BERT's vocab.txt). GPT-2 becomes our GPT, BERT our encoder (``interop.load_hf``); the
+  tokenizer is kept as it is, inside our ``BPETokenizer`` wrapper, so the run folder saves it
+  like any other;
+- one of our run folders (or a checkpoint folder), of any family: its best model and its
+  own tokenizer.
+
+The family then builds the run's model with the same architecture and copies the weights in
+(``Family.start_from`` in base.py); the run's config.json records the source under
+``init_from``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from ..interop import load_hf, load_hf_tokenizer
+from ..io import read_json_object
+from ..tokenizers import BPETokenizer
+from ..training import checkpoint as ckpt
+from . import FAMILIES, load_run
+from .base import Family
+
+
+@dataclass
+class Source:
+    """A pretrained model to start from."""
+
+    path: Path
+    kind: str  # "hf" (a Hugging Face folder) or "run" (one of ours)
+    family: Family  # the family whose model it is
+    config: Any  # that family's model config
+    state: dict[str, torch.Tensor]  # the weights, in our names
+    tokenizer: Any  # ours: CharTokenizer or BPETokenizer
+    meta: dict  # a run's config.json; a Hugging Face folder's {"model_type": ...}
+
+    @property
+    def origin(self) -> dict:
+        """What the new run's config.json records under "init_from"."""
+        out = {"path": str(self.path.resolve()), "kind": self.kind, "family": self.family.name}
+        if self.kind == "hf":
+            out["model_type"] = self.meta.get("model_type")
+        else:
+            out["step"] = self.meta.get("step")
+        return out
+
+    def describe(self) -> str:
+        if self.kind == "hf":
+            return (f"Hugging Face {self.meta.get('model_type')} folder {self.path} "
+                    f"({self.tokenizer.vocab_size:,}-id tokenizer)")
+        return (f"{self.family.title} run {self.path} (step {self.meta.get('step', '?')}, "
+                f"{self.tokenizer.kind} tokenizer)")
+
+
+def read_source(path) -> Source:
+    """The folder ``--init_from`` names; anything that is not a model is a UserError."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"--init_from {folder}: no such folder")
+    config = folder / ckpt.CONFIG_FILE
+    if not config.exists():
+        if ckpt.list_checkpoints(folder):  # a run that has not saved a best model yet
+            return _run_source(folder)
+        raise UserError(f"--init_from {folder} is not a model folder: it has no config.json")
+    meta = read_json_object(config)
+    if meta.get("format") == "minitransformer":
+        return _run_source(folder)
+    if meta.get("model_type") is None and not meta.get("architectures"):
+        raise UserError(f"--init_from {folder} is not a model folder: its config.json names "
+                        f"no model_type")
+    return _hf_source(folder, meta)
+
+
+def _run_source(folder: Path) -> Source:
+    run = load_run(folder)
+    state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    return Source(folder, "run", run.family, run.model.config, state, run.tokenizer, run.meta)
+
+
+def _hf_source(folder: Path, meta: dict) -> Source:
+    try:
+        model = load_hf(folder)
+        tokenizer = load_hf_tokenizer(folder)
+    except UserError as e:
+        raise UserError(f"--init_from {folder}: {e}") from None
+    family = next((f for f in FAMILIES.values() if isinstance(model, f.model_class)), None)
+    if family is None:
+        raise UserError(f"--init_from {folder}: a {type(model).__name__} cannot be trained")
+    return Source(folder, "hf", family, dataclasses.replace(model.config),
+                  dict(model.state_dict()), BPETokenizer(tokenizer.tokenizer),
+                  {"model_type": meta.get("model_type")})
+
+
+__all__ = ["Source", "read_source"]
