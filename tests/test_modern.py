@@ -4,6 +4,7 @@ logit soft-capping and Muon, each against its formula or PyTorch's own module.""
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import pytest
@@ -292,3 +293,18 @@ def test_compare_varies_the_new_fields(tmp_path):
     for value in ("muon", "adamw"):
         assert value in table
     assert len(list(out.glob("*/config.json"))) == 4
+
+
+def test_an_adamw_checkpoint_of_the_old_format_still_resumes(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("All the world's a stage. " * 100, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--max_iters", "8",
+                 "--eval_interval", "4", "--keep_last", "5"]) == 0
+    shutil.rmtree(out / "checkpoints" / "step_0000008")
+    state_file = out / "checkpoints" / "step_0000004" / ckpt.STATE_JSON
+    state = json.loads(state_file.read_text())
+    assert state["optimizer"].pop("format") == 2 and state["optimizer"].pop("kind") == "adamw"
+    state_file.write_text(json.dumps(state))  # as format 1 wrote it: no format, no kind
+    assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0
+    assert ckpt.read_state(out / "checkpoints" / "step_0000008")["step"] == 8
