@@ -237,6 +237,28 @@ def test_resume_keeps_the_lora_settings(lora_run, tmp_path, capsys):
     assert code == 2 and "without LoRA" in err and len(err.strip().splitlines()) == 1
 
 
+def test_lora_on_a_model_started_from_another_run(lora_run, tmp_path):
+    """--init_from a plain run: the frozen weights stay the source's to the bit, and PEFT's own
+    PeftModel over the source model with the saved adapter gives the merged run's logits."""
+    data, _ = lora_run
+    source, tuned = tmp_path / "source", tmp_path / "tuned"
+    _train(data, source, "--max_iters", "10", "--eval_interval", "10")
+    _train(data, tuned, "--init_from", str(source), "--max_iters", "10", "--eval_interval", "5",
+           "--lora_rank", "2", "--lora_targets", "out_proj,fc", "--lora_save_adapter", "true")
+    before, after = (load_file(run / "model.safetensors") for run in (source, tuned))
+    assert before.keys() == after.keys()
+    for name in before:
+        adapted = name.endswith(("out_proj.weight", "fc.weight"))
+        assert torch.equal(before[name], after[name]) != adapted, name
+    base, _ = load_checkpoint(source)
+    merged, _ = load_checkpoint(tuned)
+    idx = torch.randint(0, base.config.vocab_size, (2, base.config.block_size))
+    with torch.no_grad():
+        expected, _ = peft.PeftModel.from_pretrained(base, str(tuned)).eval()(idx)
+        got, _ = merged(idx)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
 def _pairs(path, tiny_text) -> str:
     """Sentence pairs for a seq2seq run: each line and its reverse, tab-separated."""
     lines = [line for line in tiny_text.splitlines() if line]
