@@ -129,9 +129,10 @@ def pretrained_run(req: TrainRequest, echo=print):
         prepared = family.reopen(meta, source.tokenizer, data, req.encoding or "utf-8",
                                  req.data_tgt, req.newline)
     except UnknownCharactersError as e:
-        raise UserError(f"--init_from {source.path} reads characters, and {data}: {e}; a "
-                        f"character model can only be fine-tuned on text in its alphabet (a "
-                        f"BPE model on any text)") from None
+        raise UserError(f"{data}: {e}. A character model ({source.path}) can only be "
+                        f"fine-tuned on text in its own alphabet: replace those characters, or "
+                        f"start from a byte-level BPE model (--tokenizer bpe-bytes), which "
+                        f"reads any text") from None
     torch.manual_seed(train_cfg.seed)  # a fresh masked-LM head, dropout
     built, notes = family.start_from(source, prepared, model_f, train_cfg.seed)
     built.meta["preset"] = preset

