@@ -256,3 +256,22 @@ def test_minilm_continued_mlm_beats_the_same_model_from_scratch(minilm, corpus, 
                      str(corpus), "--out", str(tmp_path / name), *MLM]) == 0
         runs[name] = accuracy(capsys)
     assert runs["pretrained"] > runs["scratch"] + 2.0, runs
+
+
+def test_a_seq2seq_run_is_a_source_too(tmp_path):
+    from minitransformer.data import corpus_path
+
+    pairs = tmp_path / "pairs.tsv"
+    lines = corpus_path("bible_en_es").read_text(encoding="utf-8").splitlines()[:800]
+    pairs.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    src = tmp_path / "src"
+    assert main(["train", "--data", str(pairs), "--preset", "debug", "--max_iters", "2",
+                 "--eval_interval", "2", "--eval_iters", "1", *QUICK, "--out", str(src)]) == 0
+    _, _, built, cfg = new_run(TrainRequest(out=tmp_path / "ft", init_from=str(src),
+                                            data=str(pairs), fields={"label_smoothing": 0.0,
+                                                                     "batch_tokens": 512}),
+                               echo=lambda line: None)
+    assert built.config.label_smoothing == 0.0 and cfg.learning_rate == 2e-4
+    run = load_run(src)
+    for name, t in run.model.state_dict().items():
+        assert torch.equal(built.model.state_dict()[name], t), name
