@@ -146,3 +146,13 @@ def test_existing_run_needs_resume_or_force(tiny_run, tiny_corpus, capsys):
     run, _ = tiny_run
     code, err = _main(capsys, "train", "--data", tiny_corpus, "--out", run, "--preset", "debug")
     _assert_user_error(code, err, "--resume", "--force")
+
+
+def test_time_budget_none_without_a_preset_lets_max_iters_decide(tiny_corpus, tmp_path, capsys):
+    code = cli.main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
+                     "--time_budget", "none", "--max_iters", "3", "--eval_interval", "3",
+                     "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--block_size", "8",
+                     "--eval_iters", "1", "--sample_tokens", "0", "--quiet"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "done: 3 steps" in out.out
