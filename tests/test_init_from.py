@@ -175,6 +175,18 @@ def test_bad_inputs_are_one_line_and_exit_2(gpt2, corpus, tmp_path, capsys):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(folder / name, bare / name)
     assert "no tokenizer" in bad(capsys, "--init_from", str(bare), *run)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(bare, pickled)
+    (pickled / "model.safetensors").unlink()
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(folder / name, pickled / name)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"x": Evil()}, pickled / "pytorch_model.bin")
+    assert "plain tensors" in bad(capsys, "--init_from", str(pickled), *run)
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 32}))

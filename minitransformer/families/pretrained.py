@@ -92,8 +92,8 @@ def _hf_source(folder: Path, meta: dict) -> Source:
     try:
         model = load_hf(folder)
         tokenizer = load_hf_tokenizer(folder)
-    except UserError as e:
-        raise UserError(f"--init_from {folder}: {e}") from None
+    except UserError as e:  # on one line, whatever the libraries below it said
+        raise UserError(f"--init_from {folder}: {' '.join(str(e).split())}") from None
     family = next((f for f in FAMILIES.values() if isinstance(model, f.model_class)), None)
     if family is None:
         raise UserError(f"--init_from {folder}: a {type(model).__name__} cannot be trained")
