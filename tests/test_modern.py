@@ -308,3 +308,28 @@ def test_an_adamw_checkpoint_of_the_old_format_still_resumes(tmp_path):
     state_file.write_text(json.dumps(state))  # as format 1 wrote it: no format, no kind
     assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0
     assert ckpt.read_state(out / "checkpoints" / "step_0000008")["step"] == 8
+
+
+def test_a_modern_preset_with_adamw_drops_its_muon_settings():
+    from minitransformer.presets import GPT as PRESETS
+    from minitransformer.presets import with_preset
+
+    modern = PRESETS["cpu-small-modern"]
+    assert modern["optimizer"] == "muon" and "muon_lr" in modern
+    merged = with_preset(modern, {"optimizer": "adamw"})
+    assert "muon_lr" not in merged
+    TrainConfig(**{k: v for k, v in merged.items() if k in TrainConfig.__dataclass_fields__})
+    # a Muon setting the user gives is kept, and TrainConfig then refuses it
+    assert with_preset(modern, {"optimizer": "adamw", "muon_lr": 0.1})["muon_lr"] == 0.1
+
+
+def test_every_gpt_preset_has_its_modern_twin():
+    from minitransformer.presets import GPT as PRESETS
+    from minitransformer.presets import MODERN
+
+    for name in ("debug", "cpu-small", "cpu-medium", "shakespeare-char", "gpt2-124m"):
+        twin = PRESETS[f"{name}-modern"]
+        assert {k: twin[k] for k in MODERN} == MODERN
+        tuned = (*MODERN, "batch_size", "muon_lr")  # the 2- and 10-minute twins' own
+        assert {k: v for k, v in twin.items() if k not in tuned} == \
+            {k: v for k, v in PRESETS[name].items() if k not in tuned}

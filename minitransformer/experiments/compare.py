@@ -30,6 +30,7 @@ from ..config import TrainConfig, config_from_dict
 from ..errors import UserError
 from ..families.base import CannotEvaluate, Prepared
 from ..io import atomic_write_json
+from ..presets import with_preset
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
 from ..training.health import HealthGuard
@@ -127,7 +128,7 @@ def run_compare(family, prepared: Prepared, base: dict, variants: list[Variant],
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i, variant in enumerate(variants, 1):
-        model_fields, train_fields = split_for(family, {**base, **variant.fields})
+        model_fields, train_fields = split_for(family, with_preset(base, variant.fields))
         train_cfg = config_from_dict(TrainConfig, train_fields)
         torch.manual_seed(train_cfg.seed)
         built = family.build(prepared, model_fields, train_cfg.seed)

@@ -26,6 +26,7 @@ from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
 from ..families.pretrained import read_source
+from ..presets import with_preset
 from ..tokenizers import UnknownCharactersError
 from ..training import checkpoint as ckpt
 from ..training.health import HealthGuard
@@ -90,7 +91,7 @@ def new_run(req: TrainRequest, echo=print):
         raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
                         f"(they use {' or '.join(family.tokenizers)})")
     base = family.preset(req.preset)
-    model_f, train_f = split_for(family, {**base, **req.fields})
+    model_f, train_f = split_for(family, with_preset(base, req.fields))
     train_cfg = _train_config(train_f)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
                               model_f, req.tokenizer, req.data_tgt, req.newline)
