@@ -26,7 +26,7 @@ browser:
 	  echo "note: chromium could not be installed; the browser tests will be skipped"
 
 demo: $(STAMP)
-	$(VENV)/bin/minitransformer train --data shakespeare --preset cpu-small --out $(RUN) --force
+	$(VENV)/bin/minitransformer train --data shakespeare --preset cpu-small-modern --out $(RUN) --force
 	$(VENV)/bin/minitransformer sample $(RUN) --prompt "ROMEO:" --max-new-tokens 400 --seed 1
 
 test: $(STAMP) browser
