@@ -88,8 +88,9 @@ def run_one(out: Path, fields: dict, args) -> dict:
     states = sorted((out / "checkpoints").glob("step_*/trainer_state.json"))
     state = json.loads(states[-1].read_text()) if states else {}
     seconds = state.get("train_seconds", float("nan"))
-    return {"val_loss": meta["best_val_loss"], "steps": meta["step"],
-            "s_per_step": seconds / max(meta["step"], 1), "wall_s": time.time() - t0,
+    steps = state.get("step", meta["step"])  # the last checkpoint's (the best may be earlier)
+    return {"val_loss": meta["best_val_loss"], "steps": steps,
+            "s_per_step": seconds / max(steps, 1), "wall_s": time.time() - t0,
             "params": None, "kv_bytes_per_token": kv_bytes_per_token(meta["model"])}
 
 
