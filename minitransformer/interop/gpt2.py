@@ -28,6 +28,7 @@ import torch
 
 from ..config import GPTConfig
 from ..errors import UserError
+from .weights import TensorTaker
 
 # GPT-2's activation_function values and ours.
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -71,13 +72,7 @@ def state_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     """Rename (and transpose / split) GPT-2 tensors to our GPT's state-dict names."""
     sd = {(k[len("transformer."):] if k.startswith("transformer.") else k): v
           for k, v in hf.items() if not k.endswith(_IGNORED_SUFFIXES)}
-    out, used = {}, set()
-
-    def take(name: str) -> torch.Tensor:
-        if name not in sd:
-            raise UserError(f"the GPT-2 checkpoint lacks {name}")
-        used.add(name)
-        return sd[name]
+    out, take = {}, TensorTaker(sd, "GPT-2")
 
     out["tok_emb.weight"] = take("wte.weight")
     out["pos_emb.weight"] = take("wpe.weight")
@@ -95,10 +90,7 @@ def state_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     out["decoder.final_norm.bias"] = take("ln_f.bias")
     if not config.tie_weights:
         out["lm_head.weight"] = take("lm_head.weight")
-    sd.pop("lm_head.weight", None)  # a saved copy of the tied embedding
-    left = sorted(set(sd) - used)
-    if left:
-        raise UserError(f"the GPT-2 checkpoint has weights this model would not use: {left[:5]}")
+    take.check_all_used()  # a tied model's saved lm_head.weight is its embedding's copy
     return out
 
 

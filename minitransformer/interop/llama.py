@@ -39,6 +39,7 @@ import torch
 
 from ..config import GPTConfig
 from ..errors import UserError
+from .weights import TensorTaker
 
 # What makes our GPT a Llama: (option, Llama's value).
 SHAPE = {"norm": "rmsnorm", "activation": "swiglu", "pos_encoding": "rope",
@@ -141,13 +142,7 @@ def state_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     """Rename Llama (Qwen3) tensors to our GPT's state-dict names (no transposes, no splits)."""
     sd = {(k[len("model."):] if k.startswith("model.") else k): v
           for k, v in hf.items() if not k.endswith(_IGNORED_SUFFIXES)}
-    out, used = {}, set()
-
-    def take(name: str) -> torch.Tensor:
-        if name not in sd:
-            raise UserError(f"the Llama checkpoint lacks {name}")
-        used.add(name)
-        return sd[name]
+    out, take = {}, TensorTaker(sd, "Llama")
 
     out["tok_emb.weight"] = take("embed_tokens.weight")
     for i in range(config.n_layer):
@@ -156,10 +151,7 @@ def state_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     out["decoder.final_norm.weight"] = take("norm.weight")
     if not config.tie_weights:
         out["lm_head.weight"] = take("lm_head.weight")
-    sd.pop("lm_head.weight", None)  # a saved copy of the tied embedding
-    left = sorted(set(sd) - used)
-    if left:
-        raise UserError(f"the Llama checkpoint has weights this model would not use: {left[:5]}")
+    take.check_all_used()  # a tied model's saved lm_head.weight is its embedding's copy
     return out
 
 

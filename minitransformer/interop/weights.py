@@ -72,3 +72,25 @@ def load_mapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source
     """Copy ``tensors`` (already renamed to our names) into ``model``, with the checks our own
     checkpoints get."""
     load_tensors(model, tensors, source)
+
+
+class TensorTaker:
+    """Hands out a checkpoint's tensors by name, each at most once (``take(name)``), then
+    ``check_all_used`` refuses a checkpoint with tensors the model would not use. ``what``
+    names the checkpoint's format in the messages ("GPT-2", "Llama")."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], what: str):
+        self.tensors, self.what, self.used = tensors, what, set()
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise UserError(f"the {self.what} checkpoint lacks {name}")
+        self.used.add(name)
+        return self.tensors[name]
+
+    def check_all_used(self, ignore: tuple[str, ...] = ("lm_head.weight",)) -> None:
+        """``ignore``: by default a saved copy of a tied embedding."""
+        left = sorted(set(self.tensors) - self.used - set(ignore))
+        if left:
+            raise UserError(f"the {self.what} checkpoint has weights this model would not "
+                            f"use: {left[:5]}")
