@@ -314,7 +314,7 @@ def test_a_modern_preset_with_adamw_drops_its_muon_settings():
     from minitransformer.presets import GPT as PRESETS
     from minitransformer.presets import with_preset
 
-    modern = PRESETS["cpu-small-modern"]
+    modern = PRESETS["cpu-medium-modern"]
     assert modern["optimizer"] == "muon" and "muon_lr" in modern
     merged = with_preset(modern, {"optimizer": "adamw"})
     assert "muon_lr" not in merged
