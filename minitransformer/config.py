@@ -49,16 +49,6 @@ def _check_modern(cfg) -> None:
         raise ConfigError(f"n_kv_head ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
 
 
-def ffn_width(cfg) -> int:
-    """d_ff if set; else 4 * n_embd, or 2/3 of that (rounded up to a multiple of 8) for the
-    three-matrix SwiGLU, which then has as many parameters as a 4 * n_embd two-matrix FFN."""
-    if cfg.d_ff:
-        return cfg.d_ff
-    if cfg.activation == "swiglu":
-        return -(-(8 * cfg.n_embd) // 24) * 8
-    return 4 * cfg.n_embd
-
-
 def _check_transformer(cfg, *extra_sizes: str) -> None:
     """Checks every model family shares: sizes positive, heads dividing the width, dropout a
     probability, switches among their allowed values, RoPE's even head size."""
@@ -137,7 +127,11 @@ class GPTConfig:
 
     @property
     def ffn_width(self) -> int:
-        return ffn_width(self)
+        """d_ff if set; else 4 * n_embd, or 2/3 of that rounded up to a multiple of 8 for the
+        three-matrix SwiGLU (as many parameters as a 4 * n_embd two-matrix FFN)."""
+        if self.d_ff:
+            return self.d_ff
+        return -(-(8 * self.n_embd) // 24) * 8 if self.activation == "swiglu" else 4 * self.n_embd
 
 
 @dataclass

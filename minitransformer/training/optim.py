@@ -87,7 +87,11 @@ class MuonWithAdamW:
 
     def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer):
         self.adamw, self.muon = adamw, muon
-        self.state = {**adamw.state, **muon.state}  # read by tools that inspect the state
+
+    @property
+    def state(self) -> dict:
+        """Both optimizers' per-parameter state, as of now (filled in by their first step)."""
+        return {**self.adamw.state, **self.muon.state}
 
     @property
     def param_groups(self) -> list[dict]:
@@ -126,7 +130,6 @@ class MuonWithAdamW:
                 "param_groups": [{**{k: v for k, v in g.items() if k != "optimizer"},
                                   "params": [i - offset for i in g["params"]]} for g in groups]}
             opt.load_state_dict(parts[kind])
-        self.state = {**self.adamw.state, **self.muon.state}
 
 
 def check_muon(optimizer: str) -> None:
