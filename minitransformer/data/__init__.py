@@ -1,6 +1,8 @@
 """Data at the side of the layers: text corpora and their token windows, parallel corpora.
 
     text.py             corpora (bundled names or files), the train/val split, random windows
+    sources.py          the files and documents prepare reads (text, JSONL), their fingerprints
+    shards.py           prepared corpora: token files written once, read as memory maps
     parallel_corpus.py  sentence pairs: TSV or two aligned files, the split by chapters,
                         length-bucketed batches and their padding
 """

@@ -17,11 +17,8 @@ every process under torchrun maps the same file).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,6 @@ import torch
 
 from ..errors import UserError
 from ..io import atomic_write_json, read_json_object
-from .text import BUNDLED, corpus_path
 
 FORMAT_VERSION = 1
 MANIFEST, TOKENS, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer.json"
@@ -40,92 +36,6 @@ def is_prepared(path) -> bool:
     """Whether ``path`` is a DATA_DIR written by ``prepare`` (a complete one)."""
     p = Path(path)
     return p.is_dir() and (p / MANIFEST).is_file()
-
-
-# ---- sources --------------------------------------------------------------------------------
-
-@dataclass
-class Document:
-    """One document of a source: its text and where it came from (for messages)."""
-
-    text: str
-    where: str
-
-
-def source_files(sources: list[str]) -> list[Path]:
-    """Files named by --data: bundled names, files, folders (their text files, sorted), globs."""
-    files: list[Path] = []
-    for source in sources:
-        if source in BUNDLED:
-            files.append(corpus_path(source))
-            continue
-        path = Path(source)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-            if not found:
-                raise UserError(f"{source} is an empty folder: no files to read")
-            files += found
-        elif any(ch in source for ch in "*?["):
-            found = sorted(Path().glob(source)) if not path.is_absolute() else \
-                sorted(Path(path.anchor).glob(str(path.relative_to(path.anchor))))
-            if not found:
-                raise UserError(f"--data {source}: the pattern matches no file")
-            files += [p for p in found if p.is_file()]
-        else:
-            files.append(corpus_path(source))  # a missing file is a UserError there
-    return files
-
-
-def read_documents(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
-                   errors: str = "strict") -> Iterator[Document]:
-    """Each file's documents: a text file is one; a .jsonl file one per line (its field)."""
-    for path in files:
-        if path.suffix.lower() == ".jsonl":
-            yield from _jsonl(path, text_field, encoding, errors)
-            continue
-        try:
-            raw = path.read_bytes()
-            text = raw.decode(encoding, errors="replace" if errors == "replace" else "strict")
-        except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror}") from None
-        except UnicodeDecodeError as e:
-            if errors == "skip":
-                continue
-            raise UserError(f"{path}: not valid {encoding} at byte {e.start}; pass --encoding, "
-                            f"or --errors replace|skip") from None
-        yield Document(text.removeprefix("\ufeff"), str(path))
-
-
-def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Document]:
-    try:
-        f = open(path, encoding=encoding, errors="replace" if errors == "replace" else "strict")
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise UserError(f"{path}:{lineno}: not a JSON object") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise UserError(f"{path}:{lineno}: no text field {field!r} (choose it with "
-                                f"--text_field)")
-            yield Document(record[field], f"{path}:{lineno}")
-
-
-def fingerprint(files: list[Path]) -> list[dict]:
-    """Each source's absolute path, size and SHA-256 (to notice a moved or changed source)."""
-    out = []
-    for path in files:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        out.append({"path": str(path.resolve()), "bytes": path.stat().st_size,
-                    "sha256": digest.hexdigest()})
-    return out
 
 
 # ---- encoding --------------------------------------------------------------------------------

@@ -11,14 +11,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import check_length, load_text, normalize_newlines, split_ids
-from ..data.shards import (
-    fingerprint,
-    is_prepared,
-    open_shards,
-    read_documents,
-    source_files,
-    write_shards,
-)
+from ..data.shards import is_prepared, open_shards, write_shards
+from ..data.sources import fingerprint, read_documents, source_files
 from ..tokenizers import CharTokenizer, fit_tokenizer, load_tokenizer
 from ..training.device import pick_dtype
 from ..training.trainer import estimate_loss
