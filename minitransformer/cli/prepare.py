@@ -55,6 +55,7 @@ def cmd_prepare(args) -> int:
         raise UserError(f"--tokenizer {args.tokenizer} does not apply to {family.title} runs")
     if args.vocab_size is not None and args.tokenizer in (None, "char"):
         raise UserError("--vocab_size sets a BPE vocabulary; add --tokenizer bpe")
-    family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size, args.text_field,
-                       args.val_fraction, args.encoding, args.errors)
+    family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
+                       text_field=args.text_field, val_fraction=args.val_fraction,
+                       encoding=args.encoding, errors=args.errors)
     return 0

@@ -4,21 +4,17 @@ and measure val loss on random windows of the context."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..data import check_length, load_text, normalize_newlines, split_ids
-from ..data.shards import is_prepared, open_shards, write_shards
-from ..data.sources import fingerprint, read_documents, source_files
-from ..tokenizers import CharTokenizer, fit_tokenizer, load_tokenizer
+from ..data.prepare import prepare_corpus
+from ..data.shards import is_prepared, open_shards
+from ..tokenizers import fit_tokenizer, load_tokenizer
 from ..training.device import pick_dtype
 from ..training.trainer import estimate_loss
 from .base import Family, NotApplicable, Prepared, data_source, train_config
-
-CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
 
 
 class StreamFamily(Family):
@@ -79,39 +75,11 @@ class StreamFamily(Family):
                                 f"memory-mapped")
 
     def prepare_dir(self, sources: list[str], out, kind: str | None, vocab: int | None,
-                    text_field: str = "text", val_fraction: float = 0.1,
-                    encoding: str = "utf-8", errors: str = "strict", echo=print) -> dict:
-        """``minitransformer prepare``: fit the tokenizer on the sources (a full pass for the
-        char alphabet, the text itself for BPE), then stream them into ``out``'s shards."""
-        files = source_files(sources)
-        kind = kind or "char"
-        fitted = self._fit_streamed(files, kind, vocab, text_field, encoding, errors)
-        separator = self.bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
-        total = sum(p.stat().st_size for p in files)
-        with tqdm(total=total, unit="B", unit_scale=True, desc="prepare",
-                  disable=not sys.stderr.isatty() or None) as bar:
-            manifest = write_shards(read_documents(files, text_field, encoding, errors), fitted,
-                                    out, fingerprint(files), val_fraction,
-                                    separator=separator, progress=bar.update)
-        echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
-             f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
-             f"{fitted.vocab_size:,} ids, {manifest['dtype']}); train on it: minitransformer "
-             f"train --data {out} --out RUN")
-        return manifest
-
-    def _fit_streamed(self, files, kind: str, vocab: int | None, text_field: str,
-                      encoding: str, errors: str):
-        docs = read_documents(files, text_field, encoding, errors)
-        if kind == "char":
-            alphabet: set[str] = set()
-            for i, doc in enumerate(docs):
-                alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
-            if not alphabet:
-                raise NotApplicable("the sources hold no text: nothing to prepare")
-            return CharTokenizer(sorted(alphabet))
-        text = "\n".join(doc.text for doc in docs)
-        return fit_tokenizer(kind, text, vocab, *(
-            (self.special_tokens,) if self.special_tokens else ()))
+                    **options) -> dict:
+        """``minitransformer prepare`` for this family: its special tokens known up front, its
+        separator between documents (see ``data/prepare.py`` for the options)."""
+        return prepare_corpus(sources, out, kind, vocab, special_tokens=self.special_tokens,
+                              bpe_separator=self.bpe_separator, **options)
 
     def _encode(self, text: str, tokenizer, source: str, encoding: str, newline: str,
                 crlf: int) -> Prepared:
