@@ -197,6 +197,8 @@ def test_bad_inputs_are_one_line_and_exit_2(gpt2, corpus, tmp_path, capsys):
         err = bad(capsys, "--init_from", str(folder), *run, flag, value)
         assert err.startswith(f"minitransformer: error: {flag}"), err
     assert "encoder" in bad(capsys, "--init_from", str(folder), "--model", "encoder", *run)
+    assert "--init_from" in bad(capsys, "--preset", "finetune", *run)  # nothing to fine-tune
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_char_run_cannot_read_new_characters(tmp_path, capsys):

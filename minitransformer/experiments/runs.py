@@ -85,6 +85,9 @@ def new_run(req: TrainRequest, echo=print):
     """(family, prepared, built, train_cfg) for a run from scratch (or from --init_from)."""
     if req.init_from is not None:
         return pretrained_run(req, echo)
+    if req.preset == "finetune":
+        raise UserError("--preset finetune holds training settings for a pretrained model: add "
+                        "--init_from PATH (a run, a checkpoint or a Hugging Face folder)")
     family = choose_family(req.model, req.data, req.data_tgt)
     split_for(family, req.fields)  # a foreign flag fails before the preset is read
     if req.tokenizer is not None and req.tokenizer not in family.tokenizers:
