@@ -28,6 +28,18 @@ TINY_TEXT = "\n".join(
 ) + "\n"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """The implicit data cache lives in a per-session temp folder: no test writes to home."""
+    old = os.environ.get("MINITRANSFORMER_CACHE")
+    os.environ["MINITRANSFORMER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("MINITRANSFORMER_CACHE", None)
+    else:
+        os.environ["MINITRANSFORMER_CACHE"] = old
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state."""
