@@ -62,14 +62,14 @@ def test_trainable_parameters_are_the_adapters_alone(make_gpt, targets, per_laye
     assert all(".lora_A." in n or ".lora_B." in n for n in trainable)
 
 
-def test_merged_copy_gives_the_unmerged_logits_and_leaves_the_model_wrapped(make_gpt):
+def test_merged_weights_give_the_unmerged_logits_and_leave_the_model_wrapped(make_gpt):
     model = make_gpt(scale=0.2)
     lora = Lora(model, LoraConfig(lora_rank=3, lora_alpha=6, lora_targets="q_proj,v_proj,fc"))
     _randomise_adapters(model)
     idx = torch.randint(0, 13, (2, 16))
     with torch.no_grad():
         unmerged, _ = model(idx)
-        merged = lora.merged().eval()
+        merged = lora.merged_state()
         plain = GPT(model.config).eval()  # a fresh model loads the saved tensors
         load_tensors(plain, ckpt.model_tensors(merged), "merged")
         got, _ = plain(idx)
@@ -81,6 +81,10 @@ def test_merged_copy_gives_the_unmerged_logits_and_leaves_the_model_wrapped(make
     assert (without - unmerged).abs().max() > 1e-2  # the adapters change the logits
     assert set(ckpt.model_tensors(merged)) == set(ckpt.model_tensors(base))
     assert any(".lora_A." in k for k in model.state_dict())  # the live model keeps them
+    saved = {k: v.clone() for k, v in ckpt.model_tensors(merged).items()}
+    folded = ckpt.model_tensors(lora.merge_in_place())  # at the end of training: in place
+    assert saved.keys() == folded.keys()
+    assert all(torch.equal(saved[k], folded[k]) for k in saved)
 
 
 def test_a_tied_head_or_a_layer_that_is_not_linear_cannot_be_a_target(make_gpt):

@@ -252,7 +252,7 @@ def train_run(req: TrainRequest, echo=print) -> int:
     if result.interrupted:
         return 130
     if lora:  # the family's closing step sees the plain model, as saved (adapters merged)
-        built.model = lora.merged()
+        built.model = lora.merge_in_place()
     if train_cfg.shard:  # the shards ended with their processes: finish with the whole model
         built.model = load_checkpoint(out, device=next(built.model.parameters()).device)[0]
     echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "

@@ -23,7 +23,6 @@ What a LoRA run writes:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,10 +186,24 @@ class Lora:
 
     # ---- saving ------------------------------------------------------------------------
 
-    def merged(self) -> nn.Module:
-        """A copy of the model with W + (alpha / r) B A in each target's weight and the peft
-        wrappers gone: the plain model, as saved. The live model stays wrapped."""
-        return copy.deepcopy(self.tuner).merge_and_unload()
+    def merged_state(self) -> dict[str, torch.Tensor]:
+        """The plain model's state dict, as saved: W + (alpha / r) B A in each target's
+        weight, every other tensor the live one (no copy of the model). The live model stays
+        wrapped."""
+        state = {k: t for k, t in self.model.state_dict().items() if not self.own(k)}
+        with torch.no_grad():
+            for name in self.targets:
+                layer = self.model.get_submodule(name)  # peft's wrapper around the Linear
+                base = layer.get_base_layer()
+                state[f"{name}.weight"] = base.weight + layer.get_delta_weight(ADAPTER)
+                if base.bias is not None:
+                    state[f"{name}.bias"] = base.bias
+        return state
+
+    def merge_in_place(self) -> nn.Module:
+        """Fold the adapters into their weights and drop the wrappers: the plain model, once
+        training is over (the same values as ``merged_state``)."""
+        return self.tuner.merge_and_unload()
 
     def own(self, key: str) -> bool:
         """Whether a state-dict key belongs to a wrapped layer (frozen W, b or A, B)."""

@@ -301,9 +301,9 @@ class TrainingRun:
 
     def full_weights(self):
         """What the checkpoint writers take: the model, or under --shard its state gathered
-        from every rank (on rank 0; every rank calls this); under LoRA a merged copy."""
+        from every rank (on rank 0; every rank calls this); under LoRA the merged weights."""
         if self.lora:  # plain weights; the live model stays wrapped
-            return self.lora.merged()
+            return self.lora.merged_state()
         return distributed.full_model_state(self.model) if self.sharded else self.model
 
     def save_state(self, val_loss: float) -> None:
