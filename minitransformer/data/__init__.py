@@ -2,6 +2,8 @@
 
     text.py             corpora (bundled names or files), the train/val split, random windows
     sources.py          the files and documents prepare reads (text, JSONL), their fingerprints
+    tables.py           Parquet files and datasets' save_to_disk folders, one document a row
+    cache.py            the implicit cache of prepared folders (train --data file.txt)
     shards.py           prepared corpora: token files written once, read as memory maps
     prepare.py          prepare: fit the tokenizer on the sources, stream them into shards
     parallel_corpus.py  sentence pairs: TSV or two aligned files, the split by chapters,

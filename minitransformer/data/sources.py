@@ -1,7 +1,9 @@
 """Where prepared text comes from: the files ``--data`` names, each read as documents.
 
-    bundled names, files, folders (every file under them, sorted), globs
-    a text file is one document; a ``.jsonl`` file one per line (its text field)
+    bundled names, files, folders (every file under them, sorted), globs, and folders written
+    by ``datasets``' ``save_to_disk`` (their Arrow files, in row order)
+    a text file is one document; a ``.jsonl`` file one per line (its text field); a
+    ``.parquet`` or ``.arrow`` file one per row (its text column: tables.py)
 
 Every document carries where it came from (``file`` or ``file:line``) for messages, and each
 source file a fingerprint (absolute path, size, SHA-256) to notice a moved or changed source.
@@ -16,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .tables import arrow_rows, dataset_files, is_dataset_folder, parquet_rows
 from .text import BUNDLED, corpus_path
+
+TABLES = {".parquet": parquet_rows, ".arrow": arrow_rows}  # suffix -> rows of (text, where)
 
 
 @dataclass
@@ -28,14 +33,17 @@ class Document:
 
 
 def source_files(sources: list[str]) -> list[Path]:
-    """Files named by --data: bundled names, files, folders (their text files, sorted), globs."""
+    """Files named by --data: bundled names, files, folders (their files, sorted; a
+    save_to_disk folder: its Arrow files), globs."""
     files: list[Path] = []
     for source in sources:
         if source in BUNDLED:
             files.append(corpus_path(source))
             continue
         path = Path(source)
-        if path.is_dir():
+        if is_dataset_folder(path):
+            files += dataset_files(path)
+        elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
             if not found:
                 raise UserError(f"{source} is an empty folder: no files to read")
@@ -53,10 +61,16 @@ def source_files(sources: list[str]) -> list[Path]:
 
 def read_documents(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
                    errors: str = "strict") -> Iterator[Document]:
-    """Each file's documents: a text file is one; a .jsonl file one per line (its field)."""
+    """Each file's documents: a text file is one; a .jsonl file one per line, a .parquet or
+    .arrow file one per row (the ``text_field`` of each)."""
     for path in files:
-        if path.suffix.lower() == ".jsonl":
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
             yield from _jsonl(path, text_field, encoding, errors)
+            continue
+        if suffix in TABLES:
+            for text, where in TABLES[suffix](path, text_field):
+                yield Document(text, where)
             continue
         try:
             raw = path.read_bytes()
