@@ -1,12 +1,15 @@
 """Load on ``minitransformer serve``: many concurrent clients of short completions.
 
     python bench/serve_load.py [--clients 16] [--seconds 30] [--max_tokens 16] [--preset debug]
-                               [--batch 1,16]
+                               [--modes alone,equal,ragged] [--prompt_lengths 1-48]
 
 Writes a GPT of a preset's sizes with random weights (nothing is downloaded or trained) as a
-run folder, starts ``minitransformer serve --max_batch B`` on it in a subprocess (127.0.0.1,
-a free port) for each B of ``--batch``, and lets ``--clients`` threads send unseeded
-completions of one prompt back to back for ``--seconds`` (seeded requests are never batched).
+run folder, starts ``minitransformer serve`` on it in a subprocess (127.0.0.1, a free port)
+once per mode, and lets ``--clients`` threads send unseeded completions back to back for
+``--seconds`` (seeded requests are never batched), each client its own prompt lengths drawn
+from ``--prompt_lengths`` (characters). Modes: ``alone`` (``--max_batch 1``, one request at a
+time), ``equal`` (``--max_batch 16``, only prompts of one length batched together, the
+server's rule before ragged batches), ``ragged`` (``--max_batch 16``, any lengths together).
 Prints requests/s, tokens/s, p50/p99 latency and the failed requests (the goal: none).
 """
 
@@ -16,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -49,8 +53,16 @@ def write_run(folder: Path, preset: str) -> None:
     write_model_files(folder, GPT(cfg), meta, tokenizer)
 
 
-def start_server(folder: Path, max_queue: int, batch: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "minitransformer", "serve", str(folder),
+# the server with ragged batching switched off (only equal prompt lengths batched together)
+EQUAL_ONLY = ("import sys; import minitransformer.serve.completions as c; c.RAGGED = False; "
+              "from minitransformer.cli import main; sys.exit(main(sys.argv[1:]))")
+MODES = {"alone": (1, True), "equal": (16, False), "ragged": (16, True)}
+
+
+def start_server(folder: Path, max_queue: int, mode: str) -> tuple[subprocess.Popen, str]:
+    batch, ragged = MODES[mode]
+    launcher = ["-m", "minitransformer"] if ragged else ["-c", EQUAL_ONLY]
+    proc = subprocess.Popen([sys.executable, *launcher, "serve", str(folder),
                              "--port", "0", "--max_queue", str(max_queue), "--max_batch",
                              str(batch)],
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
@@ -66,10 +78,15 @@ def start_server(folder: Path, max_queue: int, batch: int) -> tuple[subprocess.P
     raise SystemExit("the server did not start")
 
 
+TEXT = ("ROMEO: But, soft! what light through yonder window breaks? It is the east, and "
+        "Juliet is the sun. Arise, fair sun, and kill the envious moon.")
+
+
 def client(url: str, model: str, max_tokens: int, stop_at: float, out: list,
-           failures: list) -> None:
-    body = {"model": model, "prompt": "ROMEO:", "max_tokens": max_tokens}
+           failures: list, lengths: tuple[int, int], seed: int) -> None:
+    rng = random.Random(seed)
     while time.monotonic() < stop_at:
+        body = {"model": model, "prompt": TEXT[: rng.randint(*lengths)], "max_tokens": max_tokens}
         req = urllib.request.Request(url + "v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
@@ -84,9 +101,10 @@ def client(url: str, model: str, max_tokens: int, stop_at: float, out: list,
 def load(url: str, args) -> tuple[float, list, list]:
     results, failures = [], []
     stop_at = time.monotonic() + args.seconds
+    lengths = tuple(int(n) for n in args.prompt_lengths.split("-"))
     threads = [threading.Thread(target=client, args=(url, "bench", args.max_tokens, stop_at,
-                                                     results, failures))
-               for _ in range(args.clients)]
+                                                     results, failures, lengths, i))
+               for i in range(args.clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -95,12 +113,13 @@ def load(url: str, args) -> tuple[float, list, list]:
     return time.perf_counter() - t0, results, failures
 
 
-def report(args, batch: int, wall: float, results: list, failures: list) -> None:
+def report(args, mode: str, wall: float, results: list, failures: list) -> None:
     latencies = sorted(r[0] for r in results) or [0.0]
     tokens = sum(r[1] for r in results)
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-    print(f"max_batch {batch:>2}: {args.clients} clients, {wall:.1f} s, max_tokens "
-          f"{args.max_tokens}, preset {args.preset}: {len(results)} requests "
+    print(f"{mode:>6} (max_batch {MODES[mode][0]:>2}): {args.clients} clients, {wall:.1f} s, "
+          f"max_tokens {args.max_tokens}, prompts {args.prompt_lengths} chars, preset "
+          f"{args.preset}: {len(results)} requests "
           f"({len(results) / wall:.1f}/s), {tokens / wall:.0f} tokens/s, latency p50 "
           f"{statistics.median(latencies) * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
           f"{len(failures)} failed", flush=True)
@@ -114,15 +133,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--max_tokens", type=int, default=16)
     ap.add_argument("--preset", default="debug", choices=sorted(GPT_PRESETS))
-    ap.add_argument("--batch", default="1,16", help="the server's --max_batch values to try")
+    ap.add_argument("--modes", default="alone,equal,ragged", help=", ".join(MODES))
+    ap.add_argument("--prompt_lengths", default="1-48", help="MIN-MAX prompt characters")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "bench"
         write_run(folder, args.preset)
-        for batch in (int(b) for b in args.batch.split(",")):
-            proc, url = start_server(folder, max(64, 2 * args.clients), batch)
+        for mode in args.modes.split(","):
+            proc, url = start_server(folder, max(64, 2 * args.clients), mode)
             try:
-                report(args, batch, *load(url, args))
+                report(args, mode, *load(url, args))
             finally:
                 proc.terminate()
                 proc.wait(10)

@@ -37,6 +37,18 @@ def absolute_positions(pos_encoding: str, max_len: int, d_model: int) -> nn.Modu
     return None
 
 
+def padded_positions(pad: torch.Tensor, past: int, t: int):
+    """Per-row positions (B, T) of columns past .. past+T-1 of a left-padded batch (pads at
+    0), and the self-attention mask (B, 1, T, past+T): real keys, plus each pad query's own
+    key (so that no softmax row is empty)."""
+    cols = torch.arange(past, past + t, device=pad.device)  # (T,)
+    positions = (cols[None, :] - pad[:, None]).clamp_min(0)  # (B, T)
+    keys = torch.arange(past + t, device=pad.device)  # (Tk,)
+    real = keys[None, :] >= pad[:, None]  # (B, Tk)
+    mask = real[:, None, :] | (keys[None, :] == cols[:, None])[None]  # (B, T, Tk)
+    return positions, mask[:, None]  # (B, T), (B, 1, T, Tk)
+
+
 class GPT(nn.Module):
     """Decoder-only language model built from the shared ``Decoder`` stack."""
 
@@ -67,26 +79,35 @@ class GPT(nn.Module):
         return self.decoder.new_cache()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                return_internals: bool = False, cache: list | None = None):
+                return_internals: bool = False, cache: list | None = None,
+                pad: torch.Tensor | None = None):
         """idx: (B, T) token ids; targets: (B, T) next-token ids (-1 = ignore).
 
         Returns (logits (B, T, V), loss or None), plus an ``Internals`` with every layer's
         attention weights and hidden states when ``return_internals`` is set.
         ``cache`` (from ``new_cache``) makes this an incremental decoding step.
+        ``pad`` (B,): left padding per row (a ragged batch, ``models/ragged.py``): row b's
+        first ``pad[b]`` cached-or-given positions are padding, hidden from every query,
+        and its positions count from its first real token.
         """
         b, t = idx.shape
         past = cache[0][0].length if cache else 0  # positions already in the cache
+        positions, self_mask = padded_positions(pad, past, t) if pad is not None else (None,
+                                                                                       None)
         x = self.tok_emb(idx)  # (B, T, C)
         if self.emb_scale != 1.0:
             x = x * self.emb_scale  # (B, T, C)
         internals_tok = x
         pos = None
         if self.pos_emb is not None:
-            pos = self.pos_emb(t, offset=past)  # (T, C)
+            # (T, C), or (B, T, C) per row
+            pos = self.pos_emb(t, offset=past) if pad is None else self.pos_emb.at(positions)
             x = x + pos  # (B, T, C)
         if self.training:  # dropout is the identity at inference
             x = self.drop(x)
-        x, internals = self.decoder(x, cache=cache, need_weights=return_internals)  # (B, T, C)
+        x, internals = self.decoder(x, self_mask=self_mask, cache=cache,
+                                    need_weights=return_internals,
+                                    positions=positions)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
         if c_cap := self.config.logit_softcap:  # smooth, bounded in (-cap, cap)
             logits = c_cap * torch.tanh(logits / c_cap)  # (B, T, V)

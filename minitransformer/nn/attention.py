@@ -195,15 +195,19 @@ class MultiHeadAttention(nn.Module):
         b, t, width = x.shape
         return x.view(b, t, width // self.head_size, self.head_size).transpose(1, 2)
 
-    def queries(self, x: torch.Tensor, offset: int, rotate: bool = True) -> torch.Tensor:
+    def queries(self, x: torch.Tensor, offset: int, rotate: bool = True,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """q = x W^Q split into heads (B, nh, Tq, hs), QK-normed, RoPE-rotated from position
-        ``offset`` when ``rotate``."""
+        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``."""
         q = self.split_heads(self.q_proj(x))  # (B, nh, Tq, hs)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        return self.rope(q, offset=offset) if rotate and self.rope is not None else q
+        if rotate and self.rope is not None:
+            q = self.rope(q, offset=offset, positions=positions)
+        return q
 
-    def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True):
+    def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True,
+                    positions: torch.Tensor | None = None):
         """k = src W^K (QK-normed, RoPE-rotated when ``rotate``) and v = src W^V, each
         (B, nkv, Tk, hs)."""
         k = self.split_heads(self.k_proj(src))  # (B, nkv, Tk, hs)
@@ -211,7 +215,7 @@ class MultiHeadAttention(nn.Module):
         if self.k_norm is not None:
             k = self.k_norm(k)
         if rotate and self.rope is not None:
-            k = self.rope(k, offset=offset)  # keys rotated at their absolute positions
+            k = self.rope(k, offset=offset, positions=positions)  # at their own positions
         return k, v
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
@@ -222,8 +226,10 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False):
-        """x: (B, Tq, C); context: (B, Tk, C) or None; mask broadcastable to (B, nh, Tq, Tk).
+                need_weights: bool = False, positions: torch.Tensor | None = None):
+        """x: (B, Tq, C); context: (B, Tk, C) or None; mask broadcastable to (B, nh, Tq, Tk);
+        positions (B, Tq): each row's own positions of x for RoPE (a left-padded batch; None:
+        the cache length onwards).
 
         Returns (y (B, Tq, C), weights (B, nh, Tq, Tk) or None). Weights come from the
         reference path, which is used whenever ``need_weights`` is set.
@@ -233,11 +239,12 @@ class MultiHeadAttention(nn.Module):
         b, t_q, c = x.shape
         cross = context is not None
         past = cache.length if (cache is not None and not cross) else 0  # cached positions
-        q = self.queries(x, offset=past, rotate=not cross)  # (B, nh, Tq, hs)
+        q = self.queries(x, offset=past, rotate=not cross, positions=positions)  # (B,nh,Tq,hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
             k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:
-            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross)
+            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross,
+                                    positions=positions)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)

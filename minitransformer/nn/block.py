@@ -126,15 +126,18 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
-                cache: tuple[KVCache, KVCache] | None = None, need_weights: bool = False):
+                cache: tuple[KVCache, KVCache] | None = None, need_weights: bool = False,
+                positions: torch.Tensor | None = None):
         """x: (B, Tq, C); memory: encoder output (B, Ts, C); memory_mask: (B, 1, 1, Ts).
 
         cache: (self-attention cache, cross-attention cache) for incremental decoding.
+        positions: (B, Tq) per-row positions for RoPE (a left-padded batch), or None.
         Returns (x, self-attention weights, cross-attention weights).
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
         x, w_self = self.res_self(x, lambda h: self.self_attn(
-            h, mask=self_mask, cache=self_cache, need_weights=need_weights))
+            h, mask=self_mask, cache=self_cache, need_weights=need_weights,
+            positions=positions))
         w_cross = None
         if self.cross_attn is not None:
             if memory is None and not (cross_cache is not None and cross_cache.length):
@@ -213,12 +216,15 @@ class Decoder(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
-                cache: list[tuple[KVCache, KVCache]] | None = None, need_weights: bool = False):
-        """x: (B, Tq, C) embeddings. Returns (x (B, Tq, C), Internals)."""
+                cache: list[tuple[KVCache, KVCache]] | None = None, need_weights: bool = False,
+                positions: torch.Tensor | None = None):
+        """x: (B, Tq, C) embeddings; positions (B, Tq): per-row positions for RoPE, or None.
+        Returns (x (B, Tq, C), Internals)."""
         internals = Internals(hidden_states=[x])
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(x, memory, self_mask, memory_mask,
-                                       None if cache is None else cache[i], need_weights)
+                                       None if cache is None else cache[i], need_weights,
+                                       positions)
             internals.hidden_states.append(x)
             if w_self is not None:
                 internals.attentions.append(w_self)

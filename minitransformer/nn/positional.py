@@ -44,6 +44,13 @@ class SinusoidalPositionalEncoding(nn.Module):
             self.pe = sinusoidal_table(2 * (offset + t), self.d_model).to(self.pe.device)
         return self.pe[offset: offset + t]  # (T, C)
 
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Encodings of per-row positions (B, T) -> (B, T, C) (rows of a left-padded batch)."""
+        n = int(positions.max()) + 1
+        if n > self.pe.shape[0]:
+            self.pe = sinusoidal_table(2 * n, self.d_model).to(self.pe.device)
+        return self.pe[positions]  # (B, T, C)
+
 
 class LearnedPositionalEmbedding(nn.Module):
     """A trained position table as in GPT-2 and BERT; cannot go past ``max_len``."""
@@ -59,6 +66,13 @@ class LearnedPositionalEmbedding(nn.Module):
                 f"sequence of {offset + t} positions is longer than the learned position "
                 f"table ({self.max_len}); learned positions cannot extrapolate")
         return self.weight[offset: offset + t]  # (T, C)
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Embeddings of per-row positions (B, T) -> (B, T, C)."""
+        if int(positions.max()) >= self.max_len:
+            raise ValueError(f"position {int(positions.max())} is past the learned position "
+                             f"table ({self.max_len}); learned positions cannot extrapolate")
+        return self.weight[positions]  # (B, T, C)
 
 
 class RotaryEmbedding(nn.Module):
@@ -83,13 +97,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angle.cos().float().to(device), persistent=False)
         self.register_buffer("sin", angle.sin().float().to(device), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Rotate x of shape (B, nh, T, hs) whose first position is ``offset``."""
+    def forward(self, x: torch.Tensor, offset: int = 0,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate x of shape (B, nh, T, hs) whose first position is ``offset``, or whose
+        positions are ``positions`` (B, T), one row each (a left-padded batch)."""
         t = x.shape[-2]
-        if offset + t > self.cos.shape[0]:
-            self._build(2 * (offset + t), self.cos.device)
-        cos = self.cos[offset: offset + t].to(x.dtype)  # (T, hs/2)
-        sin = self.sin[offset: offset + t].to(x.dtype)  # (T, hs/2)
+        end = offset + t if positions is None else int(positions.max()) + 1
+        if end > self.cos.shape[0]:
+            self._build(2 * end, self.cos.device)
+        if positions is None:
+            cos = self.cos[offset: offset + t].to(x.dtype)  # (T, hs/2)
+            sin = self.sin[offset: offset + t].to(x.dtype)  # (T, hs/2)
+        else:
+            cos = self.cos[positions][:, None].to(x.dtype)  # (B, 1, T, hs/2)
+            sin = self.sin[positions][:, None].to(x.dtype)  # (B, 1, T, hs/2)
         x1, x2 = x[..., : self.head_size // 2], x[..., self.head_size // 2:]  # (B, nh, T, hs/2)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
 

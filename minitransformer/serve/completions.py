@@ -3,7 +3,8 @@
     plan_completion   the request against the model and the server's limits -> a Plan (or 400)
     run_plan          on the worker thread: each prompt's n choices decoded together as one
                       batch (choice j seeded seed + j), emitting ("pieces", [...]) per step
-    run_batch         several unseeded requests of one ``batch_key`` decoded as one batch
+    run_batch         several unseeded requests of one ``batch_key`` (prompts of any
+                      lengths) decoded as one ragged batch, each row leaving when it is done
     completion_body   the events gathered into OpenAI's ``text_completion`` object
     chunk_body        one streamed event as OpenAI's chunk
 """
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..models.generation import sample_next
+from ..models.ragged import RaggedBatch
 from .choices import Choice, logprobs_body
 from .errors import APIError
 from .sampling import sample_steps
@@ -107,6 +110,13 @@ def _emit(rows: list[Row]) -> None:
         group[0].job.emit(("pieces", [_piece(r.choice, r.plan.logprobs) for r in group]))
 
 
+def _step(row: Row, step: int, token: int, lp, tokenizer) -> None:
+    row.choice.add(token, lp, row.plan.logprobs or 0, tokenizer)
+    row.produced += 1
+    if step + 1 == row.plan.max_tokens:
+        row.choice.end(tokenizer)
+
+
 def _decode(model, tokenizer, rows: list[Row], seed: int | None) -> None:
     """Decode rows that share a prompt length and sampling settings as one batch; each stops
     at its own max_tokens or stop string, or when its request is cancelled."""
@@ -126,12 +136,35 @@ def _decode(model, tokenizer, rows: list[Row], seed: int | None) -> None:
         if not live:
             return
         for i, r in live:
-            r.choice.add(int(nxt[i, 0]), None if lp is None else lp[i], r.plan.logprobs or 0,
-                         tokenizer)
-            r.produced += 1
-            if step + 1 == r.plan.max_tokens:
-                r.choice.end(tokenizer)
+            _step(r, step, int(nxt[i, 0]), None if lp is None else lp[i], tokenizer)
         _emit([r for _, r in live])
+
+
+def _decode_ragged(model, tokenizer, rows: list[Row]) -> None:
+    """Decode unseeded rows of any prompt lengths (one sampling setting) as one ragged batch
+    (``models/ragged.py``); a row leaves the batch when it finishes or its request is
+    cancelled."""
+    plan = rows[0].plan
+    batch = RaggedBatch(model, [r.prompt_ids for r in rows])
+    gone = [i for i, r in enumerate(rows) if r.plan.max_tokens == 0]
+    for i in gone:  # nothing asked for: the choice ends empty at once
+        rows[i].choice.end(tokenizer)
+    if gone:
+        _emit([rows[i] for i in gone])
+    batch.finish(gone)
+    step = 0
+    while batch.rows:
+        logits = batch.next_logits()  # (B, V)
+        nxt = sample_next(logits, plan.temperature, plan.top_k, plan.top_p)  # (B, 1)
+        lps = torch.log_softmax(logits.float(), dim=-1) if plan.logprobs is not None else None
+        batch.push(nxt)
+        live = [rows[r] for r in batch.rows]
+        for b, r in enumerate(live):
+            _step(r, step, int(nxt[b, 0]), None if lps is None else lps[b], tokenizer)
+        _emit(live)
+        step += 1
+        batch.finish(i for i in batch.rows
+                     if rows[i].choice.finish is not None or rows[i].job.cancelled.is_set())
 
 
 def _rows(job, plan: Plan, p: int) -> list[Row]:
@@ -157,21 +190,24 @@ def run_plan(job, model, tokenizer, plan: Plan) -> dict:
     return _usage(plan, done)
 
 
+RAGGED = True  # batch prompts of different lengths together (False: equal lengths only)
+
+
 def batch_key(plan: Plan) -> tuple | None:
-    """Requests that may be decoded together: one prompt of the same length, the same
-    sampling settings, and no seed (a seeded request is decoded alone, so that its text is
-    the same whatever else the server is doing: batched float kernels may differ in the last
-    bits)."""
+    """Requests that may be decoded together: one prompt (of any length: ragged batches), the
+    same sampling settings, and no seed (a seeded request is decoded alone, so that its text
+    is the same whatever else the server is doing: batched float kernels may differ in the
+    last bits)."""
     if plan.seed is not None or len(plan.ids) != 1:
         return None
-    return (len(plan.ids[0]), plan.temperature, plan.top_k, plan.top_p,
+    return (None if RAGGED else len(plan.ids[0]), plan.temperature, plan.top_k, plan.top_p,
             plan.logprobs is not None)
 
 
 def run_batch(jobs: list, model, tokenizer) -> list[dict]:
-    """Several requests of one ``batch_key`` decoded as one batch; the usage of each."""
+    """Several requests of one ``batch_key`` decoded as one ragged batch; the usage of each."""
     rows = [_rows(job, job.payload, 0) for job in jobs]
-    _decode(model, tokenizer, [r for group in rows for r in group], None)
+    _decode_ragged(model, tokenizer, [r for group in rows for r in group])
     return [_usage(job.payload, group) for job, group in zip(jobs, rows, strict=True)]
 
 
