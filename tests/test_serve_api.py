@@ -252,6 +252,31 @@ def test_inspect_sees_a_position_through_the_window_that_ends_there(url, run):
                                internals.attentions[1][0, :, -1, :])
 
 
+def test_the_walkthrough_endpoint_and_its_page(url, run):
+    """/api/walkthrough (in /openapi.json) keeps a walkthrough and gives its page's URL; the
+    page links the walkthrough's own assets; too long a text and an unknown ID are errors."""
+    with urllib.request.urlopen(url + "openapi.json", timeout=10) as r:
+        assert "/api/walkthrough" in json.loads(r.read())["paths"]
+    status, body = post(url, json.dumps({"text": PROMPT, "lang": "zh"}).encode(),
+                        path="api/walkthrough")
+    assert status == 200 and body["steps"] == 8
+    assert "".join(body["tokens"]).replace("␣", " ") == PROMPT
+    with urllib.request.urlopen(url + body["url"].lstrip("/"), timeout=10) as r:
+        page = r.read().decode()
+    assert '<html lang="zh-CN">' in page and '<script src="/assets/explain.js">' in page
+    with urllib.request.urlopen(url + "assets/explain.js", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/javascript")
+    status, body = post(url, json.dumps({"text": TINY_TEXT[:80]}).encode(),
+                        path="api/walkthrough")
+    assert status == 400 and "at most" in body["error"]["message"]
+    assert_openai_error(body)
+    try:
+        urllib.request.urlopen(url + "walkthrough/nope", timeout=10)
+        raise AssertionError("an unknown walkthrough was served")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
+
+
 def test_a_gpt_server_does_not_translate(url):
     status, body = post(url, b'{"text": "hola"}', path="api/translate")
     assert status == 400

@@ -8,6 +8,7 @@ no request but to the server, no console error.
 from __future__ import annotations
 
 import dataclasses
+import json
 import urllib.request
 
 import pytest
@@ -19,6 +20,8 @@ from minitransformer.models import GPT
 from minitransformer.serve import Settings, create_app, running
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
+from minitransformer.viz.page import embed_json
+from minitransformer.viz.trace import token_labels
 
 ATTACK = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 ALPHABET = "abcdefgh ROME:\n" + ATTACK
@@ -46,22 +49,33 @@ def served(tmp_path_factory):
 
 
 
+# Every page of a context reports what its CSP refused (the init script runs outside the CSP).
+WATCH_CSP = ("window.refused = []; document.addEventListener('securitypolicyviolation', "
+             "(e) => window.refused.push(e.violatedDirective + ' ' + e.blockedURI));")
+
+
 @pytest.fixture
 def page(browser, served):
+    """The playground in a fresh context whose every page (popups too) is watched: console
+    errors, page errors, dialogs, CSP refusals, and every request's URL."""
     url, _ = served
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    ctx.add_init_script(WATCH_CSP)
+    page = ctx.new_page()
     page.requests, page.errors, page.dialogs = [], [], []
-    page.on("request", lambda r: page.requests.append(r.url))
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    page.set_default_timeout(15000)
+    ctx.on("request", lambda r: page.requests.append(r.url))
+    ctx.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    ctx.on("weberror", lambda e: page.errors.append(str(e.error)))
+    ctx.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    ctx.set_default_timeout(15000)
     page.goto(url)
     page.wait_for_selector("body[data-ready=true]")
     yield page
+    for p in ctx.pages:
+        assert p.evaluate("window.refused") == [], p.url
     assert not page.dialogs and not page.errors, (page.dialogs, page.errors)
     assert all(r.startswith(url) for r in page.requests), page.requests
-    page.close()
+    ctx.close()
 
 
 def _set(page, selector: str, value) -> None:
@@ -127,6 +141,31 @@ def test_a_clicked_token_shows_the_models_probabilities_and_attention(page, serv
     page.select_option("#head", "all")
     cells = page.eval_on_selector_all("#attention .cell", "c => c.length")
     assert cells == N_HEAD * (pos + 1)
+
+
+def test_the_walkthrough_button_opens_the_live_walkthrough_of_the_text(page, served):
+    """The eight steps of the text on the page, traced by the server: the walkthrough's own
+    script and stylesheet from /assets/ (no inline script, nothing refused by the CSP), the
+    same description ``explain`` writes, the text's tokens on step 1."""
+    url, run = served
+    text = "ROME:" + generate(page, "ROME:", 6, seed=2)[len("ROME:"):]
+    with page.expect_popup() as opened:
+        page.click("#walkthrough")
+    walk = opened.value
+    walk.wait_for_selector("body[data-ready=true]")
+    ids = run.tokenizer.encode(text)
+    assert walk.eval_on_selector_all("#tokens .token .text", "xs => xs.map(x => x.textContent)"
+                                     ) == token_labels(run.tokenizer, ids)
+    shown = json.loads(walk.text_content("#explain-data"))
+    doc = run.family.explain(run.model, run.tokenizer, text, 0, 0, 10, "")
+    assert shown["steps"] == json.loads(embed_json(doc))["steps"]
+    walk.click('#dots button[data-goto="7"]')
+    assert walk.is_visible("#topk li")
+    html = walk.content()
+    assert html.count("<script") == 2 and '<script src="/assets/explain.js">' in html
+    assert "<style" not in html
+    assert url + "assets/explain.js" in page.requests and url + "assets/explain.css" in \
+        page.requests
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@
     POST /v1/completions        OpenAI's completions API (GPT runs), SSE streaming
     POST /v1/chat/completions   an OpenAI-shaped error: these are completion models
     GET  /                      the playground page; /assets/NAME its scripts and styles
-    GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate, /api/fill-mask: the page
+    GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate, /api/fill-mask,
+         /api/walkthrough: the page; GET /walkthrough/ID the walkthrough it opens
 
 FastAPI's /docs and /redoc load scripts from a CDN, so they are off; /openapi.json stays.
 """
@@ -39,6 +40,7 @@ class Settings:
     max_body: int = 1 << 20  # bytes of a request body; more is a 413
     max_prompt_tokens: int = 8192
     max_batch: int = 16  # unseeded requests decoded together; 1 = one at a time
+    lang: str = "en"  # the language the pages open in (en or zh)
 
 
 def create_app(run, settings: Settings | None = None) -> FastAPI:

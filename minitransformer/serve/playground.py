@@ -1,7 +1,8 @@
 """The playground: the page at ``/``, its package assets, and the JSON endpoints it calls.
 
 Only the files named in ``ASSETS`` are served, read once from the package (no path from a URL
-reaches the file system). What a run offers follows its family's commands: a run that
+reaches the file system); the walkthrough's script and stylesheet are among them, for the
+walkthrough pages of ``walkthrough.py``. What a run offers follows its family's commands: a run that
 samples (GPT) gets tokenize and inspect (next-token probabilities and attention at one
 position), a run that translates gets translate (with the cross-attention of the result), a
 masked-LM encoder gets fill-mask.
@@ -14,15 +15,20 @@ from importlib import resources
 from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
 
+from ..viz import page as walk_page
 from ..viz.trace import token_labels
+from . import walkthrough
 from .errors import APIError
 from .probes import encode, fill_mask, fills_masks, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
-ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css"}
+ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css",
+          **walk_page.ASSETS}
 
 
 def _read(name: str) -> str:
+    if name in walk_page.ASSETS:  # the walkthrough's own files, as the offline page inlines
+        return walk_page.asset(name)
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
@@ -89,5 +95,6 @@ def router(run, settings, worker, authorized) -> APIRouter:
         return await worker.call(lambda job: fill_mask(run.model, run.tokenizer, req.text,
                                                        req.top))
 
+    walkthrough.add_routes(r, api, run, worker, settings.lang)
     r.include_router(api)
     return r

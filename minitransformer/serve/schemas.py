@@ -6,6 +6,8 @@ outside its range is a 400 in OpenAI's error shape (``errors.install_handlers``)
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16  # choices per prompt
@@ -61,3 +63,15 @@ class FillMaskRequest(Strict):
 
     text: str = Field(min_length=1, description="text with one or more [MASK] slots")
     top: int = Field(5, ge=1, le=MAX_TOP, description="predictions per slot")
+
+
+class WalkthroughRequest(Strict):
+    """POST /api/walkthrough (GPT runs): the eight-step walkthrough of a text."""
+
+    text: str = Field(min_length=1, description="the text (at most 64 tokens, and at most "
+                      "block_size)")
+    layer: int = Field(0, ge=0, description="the layer the page opens on")
+    head: int = Field(0, ge=0, description="the head the page opens on")
+    top: int = Field(10, ge=1, le=MAX_TOP, description="next-token probabilities shown")
+    lang: Literal["en", "zh"] | None = Field(None, description="the language the page opens "
+                                             "in (default: the server's --lang)")

@@ -2,6 +2,8 @@
 
 The page makes no network request of any kind: no CDN, no fonts, no images from elsewhere, and
 a Content-Security-Policy that forbids them, so it works offline and from an email attachment.
+A server renders the same page with ``assets="/assets/"``: its script and stylesheet are then
+links to the server's copies of the same files (``ASSETS``), so its CSP can forbid inline script.
 The data sits in a ``<script type="application/json">`` element with ``<``, ``>`` and ``&``
 written as ``\\u003c`` etc., so no text in it (a prompt such as ``</script><script>...``) can
 end the element or be read as markup; the script builds the page with ``textContent`` only.
@@ -27,6 +29,9 @@ from .i18n import HTML_LANG, LANG_NAMES, LANGS, msg, page_catalogues, render
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
+SERVED_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+              "font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'")
+ASSETS = {"explain.js": "text/javascript", "explain.css": "text/css"}  # what a server serves
 WEBFONT = "minitransformer-cjk"  # the family name of the embedded CJK subset
 
 TEMPLATE = """<!DOCTYPE html>
@@ -35,11 +40,8 @@ TEMPLATE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>{title}</title>
-<style>
-{fontface}{css}
-</style>
+{icon}<title>{title}</title>
+{styles}
 </head>
 <body>
 <header><h1 id="title"></h1><p id="subtitle"></p></header>
@@ -57,15 +59,14 @@ TEMPLATE = """<!DOCTYPE html>
 </nav>
 <main id="stage"><noscript>{ui[noscript]}</noscript></main>
 <script type="application/json" id="explain-data">{data}</script>
-<script>
-{js}
-</script>
+{script}
 </body>
 </html>
 """
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """The text of one of the page's files (``ASSETS``), from the package."""
     return resources.files("minitransformer.viz").joinpath("assets", name).read_text("utf-8")
 
 
@@ -117,20 +118,37 @@ def _check_lang(lang: str) -> str:
     return lang
 
 
-def render_page(doc: dict, lang: str | None = None) -> str:
+def _inline(doc: dict) -> dict:
+    return {"csp": CSP, "icon": '<link rel="icon" href="data:,">\n',
+            "styles": f"<style>\n{font_face(doc)}{asset('explain.css')}\n</style>",
+            "script": f"<script>\n{asset('explain.js')}\n</script>"}
+
+
+def _linked(base: str) -> dict:
+    base = html.escape(base)
+    return {"csp": SERVED_CSP, "icon": "",
+            "styles": f'<link rel="stylesheet" href="{base}explain.css">',
+            "script": f'<script src="{base}explain.js"></script>'}
+
+
+def render_page(doc: dict, lang: str | None = None, assets: str | None = None) -> str:
     """The HTML text of a walkthrough described by ``doc`` (title, steps, blocks), opening in
-    ``lang`` (default: the doc's own, else English)."""
+    ``lang`` (default: the doc's own, else English).
+
+    ``assets``: a URL prefix such as ``"/assets/"`` from which the page loads ``explain.css``
+    and ``explain.js`` (a served page, under a CSP without inline script or style; CJK text
+    then takes the stylesheet's font stack, not an embedded subset). Default: both inline, one
+    self-contained file."""
     lang = _check_lang(lang or doc.get("lang") or "en")
     other = next(x for x in LANGS if x != lang)
     doc = {**doc, "lang": lang, "i18n": page_catalogues()}
     ui = {k: html.escape(render(msg(f"ui.{k}"), lang)) for k in
           ("toolbar", "prev", "next", "autoplay", "layer", "head", "noscript")}
     ui["switch"] = html.escape(render(msg("ui.switch", name=LANG_NAMES[other]), lang))
-    return TEMPLATE.format(csp=CSP, title=html.escape(render(doc.get("title", "walkthrough"),
-                                                             lang)),
+    parts = _inline(doc) if assets is None else _linked(assets)
+    return TEMPLATE.format(title=html.escape(render(doc.get("title", "walkthrough"), lang)),
                            html_lang=HTML_LANG[lang], ui=ui, other=LANG_NAMES[other],
-                           fontface=font_face(doc), css=_asset("explain.css"),
-                           js=_asset("explain.js"), data=embed_json(doc))
+                           data=embed_json(doc), **parts)
 
 
 def write_page(doc: dict, out, lang: str | None = None) -> Path:

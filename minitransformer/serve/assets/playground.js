@@ -205,6 +205,30 @@
     }
   }
 
+  // -- GPT runs: the eight-step walkthrough of the current text, in a new tab ---------------
+  async function walkthrough() {
+    const text = state.prompt ? state.prompt + state.generated : $("prompt").value;
+    $("walkthrough").disabled = true;
+    try {
+      const data = await api("/api/walkthrough", { text });
+      const tab = window.open(data.url, "_blank");
+      if (tab) {
+        tab.opener = null;
+      } else {  // a popup blocker: offer the link instead
+        const link = el("a", "", "open the walkthrough");
+        link.href = data.url;
+        link.target = "_blank";
+        link.rel = "noopener";
+        $("status").replaceChildren(link);
+      }
+      document.body.dataset.walkthrough = data.url;
+    } catch (e) {
+      setStatus("status", e.message, true);
+    } finally {
+      $("walkthrough").disabled = false;
+    }
+  }
+
   // -- encoder-decoder runs ----------------------------------------------------------------
   async function translate() {
     setStatus("t-status", "translating\u2026");
@@ -298,6 +322,7 @@
       const t = ev.target.closest(".token");
       if (t) inspect(Number(t.dataset.pos));
     });
+    $("walkthrough").addEventListener("click", walkthrough);
     $("layer").addEventListener("change", renderAttention);
     $("head").addEventListener("change", renderAttention);
     $("translate").addEventListener("click", translate);
