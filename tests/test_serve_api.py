@@ -237,7 +237,9 @@ def test_api_key_queue_limit_and_disconnect(run):
 
 
 def test_inspect_sees_a_position_through_the_window_that_ends_there(url, run):
-    """Early in a text longer than block_size (32): the model on the 32 tokens up to it."""
+    """Early in an 80-token text taken as a prompt (block_size 32, shift 8): position 40 was
+    never predicted from, so it is seen as if the text had grown from its first token: the
+    window moved at 33 tokens to start at 33 - 24 = 9, the model on tokens 9 .. 40."""
     text = TINY_TEXT[:80]
     status, body = post(url, json.dumps({"text": text, "position": 40, "top": 5}).encode(),
                         path="api/inspect")

@@ -143,6 +143,31 @@ def test_a_clicked_token_shows_the_models_probabilities_and_attention(page, serv
     assert cells == N_HEAD * (pos + 1)
 
 
+def test_past_the_window_a_token_shows_what_its_generation_step_computed(page, served):
+    """75 tokens after a 5-token prompt with block_size 64: the token at 72 was sampled from a
+    window that the context shift (16) started at token 17, not the sliding window's 9. The
+    probabilities shown are the ones GPT.generate's own step computed (caught on the model)."""
+    _, run = served
+    n, pos, prompt = 75, 72, "ROME:"
+    generate(page, prompt, n, seed=5)
+    page.click(f"#output .token[data-pos='{pos}']")
+    page.wait_for_selector(f"#inspect[data-position='{pos}']")
+    steps = []
+    hook = run.model.register_forward_hook(lambda m, args, out: steps.append(out[0][0, -1]))
+    try:
+        idx = torch.tensor([run.tokenizer.encode(prompt)])
+        out = run.model.generate(idx, n, 0.9, None, None, 5)
+    finally:
+        hook.remove()
+    assert page.text_content("#output") == run.tokenizer.decode(out[0].tolist())
+    probs = torch.softmax(steps[pos + 1 - idx.shape[1]].float(), -1)  # the step after pos
+    shown = page.eval_on_selector_all("#probs td.prob", "c => c.map(e => Number(e.dataset.prob))")
+    torch.testing.assert_close(torch.tensor(shown), torch.topk(probs, 10).values, atol=1e-5,
+                               rtol=1e-5)
+    assert page.get_attribute("#inspect", "data-offset") == "17"
+    assert page.eval_on_selector_all("#attention .weight", "c => c.length") == pos - 17 + 1
+
+
 def test_the_walkthrough_button_opens_the_live_walkthrough_of_the_text(page, served):
     """The eight steps of the text on the page, traced by the server: the walkthrough's own
     script and stylesheet from /assets/ (no inline script, nothing refused by the CSP), the

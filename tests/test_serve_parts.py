@@ -17,6 +17,7 @@ from minitransformer.models import GPT
 from minitransformer.serve import is_loopback
 from minitransformer.serve.choices import Choice, held_back
 from minitransformer.serve.errors import APIError
+from minitransformer.serve.probes import generation_starts, inspect
 from minitransformer.serve.sampling import sample_steps
 from minitransformer.serve.worker import Worker
 from minitransformer.tokenizers import CharTokenizer
@@ -41,6 +42,27 @@ def test_the_loop_draws_what_generate_draws_past_the_window(make_gpt, temperatur
     with torch.no_grad():  # the first step's log-probabilities: the uncached model's
         logits, _ = model(idx)
     torch.testing.assert_close(steps[0][1], torch.log_softmax(logits[:, -1], -1))
+
+
+def test_inspect_shows_each_generated_token_through_its_generation_window(make_gpt):
+    """A 20-token prompt past block_size 16, then 16 sampled tokens: at every position from
+    the prompt's last on, inspect's probabilities are those of the decoding step that sampled
+    the next token (its log-probabilities, from the cached loop)."""
+    model = make_gpt(scale=0.5)
+    tokenizer = CharTokenizer.fit("abcdefghijklm")
+    prompt = torch.randint(0, 13, (1, 20))
+    steps = list(sample_steps(model, prompt, 16, 0.9, seed=3, want_logprobs=True))
+    ids = torch.cat([prompt, *[t for t, _ in steps]], dim=1)[0].tolist()
+    text = tokenizer.decode(ids)
+    offsets = set()
+    for j, (_, logprobs) in enumerate(steps):
+        got = inspect(model, tokenizer, text, 19 + j, 13, prompt=20)
+        offsets.add(got["offset"])
+        want = torch.sort(logprobs[0].exp(), descending=True).values
+        torch.testing.assert_close(torch.tensor([t["prob"] for t in got["top"]]), want)
+    # the prompt's last 16 - 4 tokens, then a restart each time the window would pass 16
+    assert offsets == {8, 13, 18, 23}
+    assert generation_starts(50, 20, 16, 4)[:19] == generation_starts(50, 1, 16, 4)[:19]
 
 
 class Chars:

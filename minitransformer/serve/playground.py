@@ -80,7 +80,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
     async def inspect_(req: InspectRequest) -> dict:
         need("sample")
         return await worker.call(lambda job: inspect(run.model, run.tokenizer, req.text,
-                                                     req.position, req.top))
+                                                     req.position, req.top, req.prompt))
 
     @api.post("/translate")
     async def translate_(req: TranslateRequest) -> dict:

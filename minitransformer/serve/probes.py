@@ -1,6 +1,7 @@
 """What the playground asks of a model, computed on the worker thread.
 
-    inspect     GPT: next-token probabilities and every head's attention at one position
+    inspect     GPT: next-token probabilities and every head's attention at one position,
+                through the window generation used there (past block_size: the context shift)
     translate   encoder-decoder: a translation and the cross-attention that produced it
     fill_mask   masked-LM encoder: the likeliest tokens for each [MASK] slot of a text
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
+from ..models.generation import default_context_shift, window_start
 from ..viz.trace import token_labels
 from .errors import APIError
 
@@ -28,17 +30,42 @@ def encode(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def generation_starts(length: int, prompt: int, block_size: int, shift: int) -> list[int]:
+    """starts[p]: the first token of the window the model saw when it computed the
+    next-token prediction at position p of a text of ``length`` tokens, of which the first
+    ``prompt`` were a prompt that generation continued with context shift ``shift``.
+
+    From the prompt's last token on, these are the windows ``sample_steps`` used (the rule of
+    ``models.generation.window_start``, starting from the whole prompt). Positions before it
+    were never predicted from; they get the windows of the same rule over a text generated
+    from its first token.
+    """
+    prompt = max(1, min(prompt, length))
+    starts, grown, start = [], 0, 0
+    for n in range(1, length + 1):  # n tokens fed; the prediction at position n - 1
+        grown = window_start(n, grown, block_size, shift)
+        if n >= prompt:
+            start = window_start(n, start, block_size, shift)
+        starts.append(grown if n < prompt else start)
+    return starts
+
+
 @torch.inference_mode()
-def inspect(model, tokenizer, text: str, position: int, top: int) -> dict:
+def inspect(model, tokenizer, text: str, position: int, top: int,
+            prompt: int | None = None) -> dict:
     """Top next-token probabilities and every head's attention at one position of ``text``,
-    seen as the model sees it: through the window of at most ``block_size`` tokens that ends
-    there (``offset``: the tokens before that window)."""
+    seen as the model saw it when it generated the next token: through the window that
+    generation used under the default context shift (``generation_starts``; ``prompt``: the
+    tokens of the text that were the prompt, default all of them). ``offset``: the first token
+    of that window."""
     ids = encode(tokenizer, text)
     pos = position if position >= 0 else len(ids) + position
     if not 0 <= pos < len(ids):
         raise APIError(400, f"position {position} is outside the text's {len(ids)} tokens",
                        "position", "bad_position")
-    offset = max(0, pos + 1 - model.config.block_size)
+    block = model.config.block_size
+    n_prompt = len(ids) if prompt is None else prompt
+    offset = generation_starts(len(ids), n_prompt, block, default_context_shift(block))[pos]
     window = ids[offset:pos + 1]
     idx = torch.tensor([window], device=next(model.parameters()).device)  # (1, T)
     logits, _, internals = model(idx, return_internals=True)  # (1, T, V)

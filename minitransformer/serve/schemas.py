@@ -49,6 +49,10 @@ class InspectRequest(Strict):
     text: str = Field(min_length=1, description="the text (at most block_size tokens are read)")
     position: int = Field(-1, description="token index; -1 = the last")
     top: int = Field(10, ge=1, le=MAX_TOP, description="next-token probabilities shown")
+    prompt: int | None = Field(None, ge=1, description="tokens of the text that were the "
+                               "prompt of a completion: later positions are seen through the "
+                               "windows its generation used (the default context shift past "
+                               "block_size); default: the whole text")
 
 
 class TranslateRequest(Strict):

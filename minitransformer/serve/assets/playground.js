@@ -192,14 +192,17 @@
     }
     try {
       const data = await api("/api/inspect", { text: state.prompt + state.generated,
-                                               position: pos, top: 10 });
+                                               position: pos, top: 10,
+                                               prompt: Math.max(1, state.nPrompt) });
       state.inspect = data;
       $("at-token").textContent = data.tokens[data.position - data.offset];
-      $("at-pos").textContent = `(position ${data.position})`;
+      $("at-pos").textContent = data.offset ? `(position ${data.position}, seen through ` +
+        `tokens ${data.offset}\u2013${data.position})` : `(position ${data.position})`;
       renderProbs(data);
       renderAttention();
       $("inspect").hidden = false;
       $("inspect").dataset.position = String(data.position);
+      $("inspect").dataset.offset = String(data.offset);
     } catch (e) {
       setStatus("status", e.message, true);
     }
