@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.cache import clear_cache
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import FAMILIES, get_family
@@ -22,10 +23,10 @@ def add_parser(sub) -> None:
                     "its --text_field), fit the tokenizer, and write DATA_DIR: tokens.bin, "
                     "tokenizer.json, manifest.json. train --data DATA_DIR then reads windows "
                     "from the memory map, whatever the corpus size.")
-    p.add_argument("--data", action="append", required=True, metavar="SOURCE",
+    p.add_argument("--data", action="append", metavar="SOURCE",
                    help="a bundled corpus, a file, a folder or a glob; give it several times to "
                         "prepare sources together, in that order")
-    p.add_argument("--out", required=True, help="the DATA_DIR to write")
+    p.add_argument("--out", help="the DATA_DIR to write")
     p.add_argument("--model", default="gpt", choices=[n for n, f in FAMILIES.items()
                                                       if "char" in f.tokenizers],
                    help="the family that will train on it (its special tokens; default gpt)")
@@ -40,11 +41,27 @@ def add_parser(sub) -> None:
     p.add_argument("--errors", choices=["strict", "replace", "skip"], default="strict",
                    help="undecodable bytes: stop (strict), replace them, or skip the file "
                         "(default strict)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that encode the text, in parallel, output in input order "
+                        "(default: the CPU count, at most 8)")
+    p.add_argument("--bpe_sample", type=positive_int, default=None, metavar="MB",
+                   help="megabytes of text BPE is trained on, spread evenly over the sources; "
+                        "a corpus this size or smaller is seen whole (default 16)")
     p.add_argument("--force", action="store_true", help="replace a DATA_DIR already there")
+    p.add_argument("--clear_cache", action="store_true",
+                   help="empty the cache that train --data FILE prepares into, first (alone: "
+                        "only that)")
     p.set_defaults(func=cmd_prepare)
 
 
 def cmd_prepare(args) -> int:
+    if args.clear_cache:
+        clear_cache(echo=print)
+        if args.data is None and args.out is None:
+            return 0
+    if args.data is None or args.out is None:
+        raise UserError("prepare needs --data SOURCE and --out DATA_DIR (or --clear_cache "
+                        "alone)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
@@ -57,5 +74,6 @@ def cmd_prepare(args) -> int:
         raise UserError("--vocab_size sets a BPE vocabulary; add --tokenizer bpe")
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
-                       encoding=args.encoding, errors=args.errors)
+                       encoding=args.encoding, errors=args.errors, workers=args.workers,
+                       bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6)
     return 0

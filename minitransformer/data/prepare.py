@@ -1,56 +1,118 @@
 """``prepare``: fit a tokenizer on the sources, then stream them into a DATA_DIR's shards.
 
-    sources -> documents (sources.py) -> tokenizer (a full pass for the char alphabet; BPE
-    trained on the text) -> token file + manifest (shards.py)
+    sources -> blocks of text (reading.py) -> pass 1: the char alphabet (every character),
+    or BPE trained on a spread sample of lines (all of them up to ``bpe_sample`` bytes)
+    -> pass 2: pieces cut where the tokenizer cuts anyway (encode.py), encoded by worker
+    processes, in input order -> token file + manifest (shards.py)
+
+Memory stays flat as the corpus grows: a block, a few pieces in flight, the BPE sample. A
+prepare stopped at any moment (even killed) leaves no manifest, so the folder is never
+read; running the same command again starts it over and writes the same bytes.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..tokenizers import CharTokenizer, fit_tokenizer
-from .shards import write_shards
-from .sources import fingerprint, read_documents, source_files
+from ..tokenizers import CharTokenizer
+from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
+from .encode import choose_encoder, encoder_spec
+from .reading import blocks, sample_lines
+from .shards import check_val_fraction, write_stream
+from .sources import fingerprint, source_files
 
 CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
+DEFAULT_BPE_SAMPLE = 16_000_000  # bytes: every bundled corpus (8 MB at most) is seen whole
+MAX_WORKERS = 8
+PROBE_CHARS = 200_000  # of the corpus's start, on which tiktoken must agree with tokenizers
+
+
+def default_workers() -> int:
+    """The CPUs this process may use, at most MAX_WORKERS."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_WORKERS))
+
+
+def _bar(total: int, desc: str):
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc,
+                disable=not sys.stderr.isatty() or None)
 
 
 def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    special_tokens: tuple[str, ...] = (), bpe_separator: str = "\n\n",
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
-                   errors: str = "strict", echo=print) -> dict:
+                   errors: str = "strict", echo=print, workers: int | None = None,
+                   bpe_sample: int | None = None) -> dict:
     """Fit the tokenizer on the sources (with the family's ``special_tokens``; documents
-    apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``."""
+    apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``.
+
+    ``workers``: encoding processes (default: the CPUs, at most 8); ``bpe_sample``: bytes of
+    text BPE is trained on (default 16 MB)."""
+    check_val_fraction(val_fraction)
     files = source_files(sources)
-    kind = kind or "char"
-    fitted = fit_streamed(files, kind, vocab, special_tokens, text_field, encoding, errors)
-    separator = bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
+    read = {"text_field": text_field, "encoding": encoding, "errors": errors}
     total = sum(p.stat().st_size for p in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="prepare",
-              disable=not sys.stderr.isatty() or None) as bar:
-        manifest = write_shards(read_documents(files, text_field, encoding, errors), fitted,
-                                out, fingerprint(files), val_fraction,
-                                separator=separator, progress=bar.update)
+    fitted, head = fit_streamed(files, kind or "char", vocab, special_tokens, read,
+                                DEFAULT_BPE_SAMPLE if bpe_sample is None else bpe_sample,
+                                total, echo)
+    spec, route = choose_encoder(encoder_spec(fitted), head[:PROBE_CHARS])
+    separator = bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
+    workers = default_workers() if workers is None else max(1, workers)
+    with _bar(total, "encode") as bar:
+        def texts():
+            for new_doc, text, size in blocks(files, **read):
+                bar.update(size)
+                yield new_doc, text
+        manifest = write_stream(texts(), fitted, out, fingerprint(files), val_fraction,
+                                separator, workers, spec)
     echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
          f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
-         f"{fitted.vocab_size:,} ids, {manifest['dtype']}); train on it: minitransformer "
-         f"train --data {out} --out RUN")
+         f"{fitted.vocab_size:,} ids, {manifest['dtype']}; {route}, {workers} worker(s)); "
+         f"train on it: minitransformer train --data {out} --out RUN")
     return manifest
 
 
 def fit_streamed(files, kind: str, vocab: int | None, special_tokens: tuple[str, ...],
-                 text_field: str, encoding: str, errors: str):
-    """The tokenizer of the sources: every character of every document, or BPE on the text."""
-    docs = read_documents(files, text_field, encoding, errors)
-    if kind == "char":
-        alphabet: set[str] = set()
-        for i, doc in enumerate(docs):
-            alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
-        if not alphabet:
-            raise UserError("the sources hold no text: nothing to prepare")
-        return CharTokenizer(sorted(alphabet))
-    text = "\n".join(doc.text for doc in docs)
-    return fit_tokenizer(kind, text, vocab, *((special_tokens,) if special_tokens else ()))
+                 read: dict, sample_bytes: int, total_bytes: int, echo=print):
+    """(the tokenizer of the sources, the text's first characters): every character of
+    every document, or BPE on a sample of their lines (all of them when the sources hold at
+    most ``sample_bytes``: then it is ``fit_tokenizer``'s on the whole text)."""
+    with _bar(total_bytes, "read") as bar:
+        def texts():
+            for block in blocks(files, **read):
+                bar.update(block[2])
+                yield block
+        if kind == "char":
+            chars, head = char_alphabet(texts())
+            return CharTokenizer(chars), head
+        lines, head, n = sample_lines(texts(), total_bytes, sample_bytes)
+    if n == 0:
+        raise UserError("the sources hold no text: nothing to prepare")
+    return fit_bpe_lines(kind, lines, head, vocab, special_tokens or GPT_SPECIALS,
+                         echo=echo), head
+
+
+def char_alphabet(blocks_) -> tuple[list[str], str]:
+    """(every character of the documents, with the separator's when there are several,
+    sorted by code point; the first block's text), without a Python loop per character."""
+    seen = np.zeros(0x110000, dtype=bool)
+    documents, head = 0, ""
+    for new_doc, text, _ in blocks_:
+        documents += new_doc
+        if text:
+            head = head or text
+            seen[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)] = True
+    if documents > 1:
+        seen[[ord(c) for c in CHAR_SEPARATOR]] = True
+    chars = [chr(int(c)) for c in np.flatnonzero(seen)]
+    if not chars:
+        raise UserError("the sources hold no text: nothing to prepare")
+    return chars, head

@@ -18,18 +18,25 @@ every process under torchrun maps the same file).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
+from array import array
+from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import UserError
-from ..io import atomic_write_json, read_json_object
+from ..io import atomic_write_json, fsync_dir, read_json_object
+from .encode import EncodeError, EncoderPool, cut_mode, cut_pieces, encoder_spec
 
 FORMAT_VERSION = 1
 MANIFEST, TOKENS, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer.json"
-CHUNK_CHARS = 1 << 22  # about 4 MB of text per encoding step
+PARTIAL = ".partial"  # an unfinished prepare's files, never read; the next prepare removes it
+STARTS = "starts.bin"  # in PARTIAL: where each document starts (int64), for the val split
+# characters per encoded piece, by where a piece may be cut (encode.safe_cut)
+PIECE_CHARS = {"any": 1 << 22, "bytes": 1 << 20, "lines": 1 << 20, "never": 1 << 20}
 
 
 def is_prepared(path) -> bool:
@@ -38,97 +45,143 @@ def is_prepared(path) -> bool:
     return p.is_dir() and (p / MANIFEST).is_file()
 
 
-# ---- encoding --------------------------------------------------------------------------------
-
-def char_table(tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted code points, their ids) of a char tokenizer, for vectorised encoding."""
-    codes = np.array([ord(c) for c in tokenizer.chars], dtype=np.uint32)
-    order = np.argsort(codes)
-    return codes[order], order.astype(np.int64)
-
-
-def encode_chars(text: str, table) -> np.ndarray:
-    """Char ids of ``text`` without a Python loop per character (a code-point array looked up
-    in the sorted alphabet); an unseen character is a UserError naming it."""
-    codes, ids = table
-    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    pos = np.searchsorted(codes, points).clip(max=len(codes) - 1)
-    bad = codes[pos] != points
-    if bad.any():
-        raise UserError(f"the text has a character the tokenizer never saw: "
-                        f"{chr(int(points[bad][0]))!r}")
-    return ids[pos]
-
-
-def encode_text(tokenizer, text: str, table=None) -> np.ndarray:
-    if table is not None:
-        return encode_chars(text, table)
-    return np.asarray(tokenizer.encode(text), dtype=np.int64)
-
-
-def _chunks(text: str) -> Iterator[str]:
-    """Pieces of about CHUNK_CHARS characters, cut after a newline where there is one."""
-    start = 0
-    while start < len(text):
-        end = min(len(text), start + CHUNK_CHARS)
-        if end < len(text):
-            cut = text.rfind("\n", start, end)
-            end = cut + 1 if cut > start else end
-        yield text[start:end]
-        start = end
-
-
-# ---- writing and reading -----------------------------------------------------------------
-
-def write_shards(documents, tokenizer, out_dir, sources: list[dict], val_fraction: float = 0.1,
-                 separator: str = "", progress=None) -> dict:
-    """Encode ``documents`` (an iterable of Document) into ``out_dir``; returns the manifest.
-
-    ``separator`` is text put between documents (an end-of-text token for BPE, e.g.)."""
+def check_val_fraction(val_fraction: float) -> None:
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val_fraction must be in (0, 1), got {val_fraction}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # from now on the folder reads as unfinished
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
-    table = char_table(tokenizer) if getattr(tokenizer, "kind", "") == "char" else None
-    counts = np.zeros(tokenizer.vocab_size, dtype=np.int64)
-    starts, n = [], 0
-    tmp = out / f".{TOKENS}.tmp"
-    with open(tmp, "wb") as f:
-        for i, doc in enumerate(documents):
-            starts.append(n)
-            for piece in _chunks((separator if i and separator else "") + doc.text):
-                ids = encode_text(tokenizer, piece, table)
-                f.write(ids.astype(dtype).tobytes())
-                counts += np.bincount(ids, minlength=tokenizer.vocab_size)
-                n += len(ids)
-                if progress is not None:
-                    progress(len(piece.encode("utf-8")))
-        f.flush()
-        os.fsync(f.fileno())
-    if n == 0:
-        tmp.unlink(missing_ok=True)
-        raise UserError("the sources hold no text: nothing to prepare")
-    os.replace(tmp, out / TOKENS)
-    atomic_write_json(out / TOKENIZER, tokenizer.to_dict())
-    manifest = {"format": "minitransformer-tokens", "version": FORMAT_VERSION,
-                "dtype": np.dtype(dtype).name, "tokens": n, "documents": len(starts),
-                "val_start": val_start(n, starts, val_fraction), "val_fraction": val_fraction,
-                "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
-                "counts": counts.tolist(), "sources": sources}
-    atomic_write_json(out / MANIFEST, manifest)
-    return manifest
 
 
-def val_start(n: int, doc_starts: list[int], val_fraction: float) -> int:
+def token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+class ShardWriter:
+    """Token ids appended piece by piece under DATA_DIR/.partial; ``finish`` moves them into
+    place and writes the manifest last, so a stopped prepare never looks complete."""
+
+    def __init__(self, out_dir, tokenizer):
+        self.out, self.tokenizer = Path(out_dir), tokenizer
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name in (MANIFEST, TOKENS, TOKENIZER):  # the manifest first: now it is unfinished
+            (self.out / name).unlink(missing_ok=True)
+        self.partial = self.out / PARTIAL
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self.partial.mkdir()
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.counts = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+        self.n, self.documents, self.starts = 0, 0, array("q")
+        self.tokens_file = open(self.partial / TOKENS, "wb")
+        self.starts_file = open(self.partial / STARTS, "wb")
+
+    def add(self, ids: np.ndarray, new_document: bool) -> None:
+        """Append ``ids`` (N,); ``new_document``: they begin a document."""
+        if new_document:
+            self.starts.append(self.n)
+            self.documents += 1
+            if len(self.starts) >= 1 << 16:
+                self._flush_starts()
+        ids = np.ascontiguousarray(ids, dtype=self.dtype)
+        self.tokens_file.write(memoryview(ids).cast("B"))
+        self.counts += np.bincount(ids, minlength=len(self.counts))[:len(self.counts)]
+        self.n += len(ids)
+
+    def _flush_starts(self) -> None:
+        self.starts.tofile(self.starts_file)
+        self.starts = array("q")
+
+    def close(self) -> None:
+        for f in (self.tokens_file, self.starts_file):
+            if not f.closed:
+                f.close()
+
+    def finish(self, sources: list[dict], val_fraction: float) -> dict:
+        """Move the tokens into place, write tokenizer.json, then the manifest; returns it."""
+        self._flush_starts()
+        for f in (self.tokens_file, self.starts_file):
+            f.flush()
+            os.fsync(f.fileno())
+        self.close()
+        if self.n == 0:
+            shutil.rmtree(self.partial, ignore_errors=True)
+            raise UserError("the sources hold no text: nothing to prepare")
+        starts = np.fromfile(self.partial / STARTS, dtype=np.int64)
+        manifest = {"format": "minitransformer-tokens", "version": FORMAT_VERSION,
+                    "dtype": np.dtype(self.dtype).name, "tokens": self.n,
+                    "documents": self.documents,
+                    "val_start": val_start(self.n, starts, val_fraction),
+                    "val_fraction": val_fraction, "tokenizer": self.tokenizer.kind,
+                    "vocab_size": self.tokenizer.vocab_size, "counts": self.counts.tolist(),
+                    "sources": sources}
+        del starts
+        os.replace(self.partial / TOKENS, self.out / TOKENS)
+        atomic_write_json(self.out / TOKENIZER, self.tokenizer.to_dict())
+        shutil.rmtree(self.partial, ignore_errors=True)
+        fsync_dir(self.out)
+        atomic_write_json(self.out / MANIFEST, manifest)
+        return manifest
+
+
+def write_ids(pieces: Iterable[tuple[bool, np.ndarray]], tokenizer, out_dir,
+              sources: list[dict], val_fraction: float = 0.1) -> dict:
+    """Write ``pieces`` ((begins a document, ids) in order) as ``out_dir``; the manifest."""
+    check_val_fraction(val_fraction)
+    writer = ShardWriter(out_dir, tokenizer)
+    try:
+        for new_document, ids in pieces:
+            writer.add(ids, new_document)
+    except BaseException:
+        writer.close()  # the partial folder stays, unread, until the next prepare
+        raise
+    return writer.finish(sources, val_fraction)
+
+
+def write_stream(texts: Iterable[tuple[bool, str]], tokenizer, out_dir, sources: list[dict],
+                 val_fraction: float = 0.1, separator: str = "", workers: int = 1,
+                 spec: dict | None = None) -> dict:
+    """Encode ``texts`` ((begins a document, text) blocks in order; ``separator`` before every
+    document but the first) with ``workers`` processes into ``out_dir``; the manifest.
+
+    ``spec``: the encoder (``encode.choose_encoder``'s), else the tokenizer's own."""
+    check_val_fraction(val_fraction)
+    mode, flags = cut_mode(tokenizer), deque()
+
+    def pieces():
+        for new_document, piece in cut_pieces(texts, mode, separator, PIECE_CHARS[mode]):
+            flags.append(new_document)
+            yield piece
+
+    try:
+        with EncoderPool(spec or encoder_spec(tokenizer), workers) as pool:
+            return write_ids(((flags.popleft(), ids) for ids in pool.map(pieces())),
+                             tokenizer, out_dir, sources, val_fraction)
+    except EncodeError as e:
+        raise UserError(str(e)) from None
+
+
+def write_shards(documents, tokenizer, out_dir, sources: list[dict], val_fraction: float = 0.1,
+                 separator: str = "", progress=None, workers: int = 1) -> dict:
+    """Encode ``documents`` (an iterable of Document) into ``out_dir``; returns the manifest.
+
+    ``separator`` is text put between documents (an end-of-text token for BPE, e.g.);
+    ``progress`` is called with each document's size in characters."""
+    def texts():
+        for doc in documents:
+            if progress is not None:
+                progress(len(doc.text))
+            yield True, doc.text
+    return write_stream(texts(), tokenizer, out_dir, sources, val_fraction, separator, workers)
+
+
+def val_start(n: int, doc_starts, val_fraction: float) -> int:
     """Where the val split starts: split_ids' point for one document, else the first document
     boundary at or after it (the last document at least)."""
     point = int(n * (1 - val_fraction))
-    if len(doc_starts) <= 1:
+    starts = np.asarray(doc_starts, dtype=np.int64)
+    if len(starts) <= 1:
         return point
-    after = [s for s in doc_starts[1:] if s >= point]
-    return after[0] if after else doc_starts[-1]
+    i = int(np.searchsorted(starts[1:], point, side="left"))
+    return int(starts[1 + i]) if i < len(starts) - 1 else int(starts[-1])
 
 
 class TokenStream:

@@ -73,13 +73,22 @@ def fit_tokenizer(kind: str, text: str, vocab_size: int | None = None,
         return CharTokenizer.fit(text)
     if kind not in TOKENIZERS:
         raise UserError(f"unknown tokenizer {kind!r}: choose {', '.join(TOKENIZERS)}")
+    return fit_bpe_lines(kind, text.splitlines(keepends=True) or [text], text, vocab_size,
+                         special_tokens, echo)
+
+
+def fit_bpe_lines(kind: str, lines: list[str], head: str, vocab_size: int | None = None,
+                  special_tokens: tuple[str, ...] = GPT_SPECIALS,
+                  echo: Callable[[str], object] | None = print):
+    """A BPE of ``kind`` (bpe, bpe-bytes, bpe-chars) trained on ``lines``; ``head``, the text's
+    start, decides ``bpe``'s choice. ``fit_tokenizer`` on a text is this on its lines, so a
+    corpus streamed line by line gets the tokenizer the whole text gets."""
     size = vocab_size or DEFAULT_BPE_VOCAB
     mode = kind.removeprefix("bpe-")
     if kind == "bpe":
-        mode, why = choose_bpe(text, size)
+        mode, why = choose_bpe(head, size)
         if why and echo is not None:
             echo(why)
-    lines = text.splitlines(keepends=True) or [text]
     if mode == "chars":
         return BPETokenizer.train_chars(lines, size, special_tokens=special_tokens)
     floor = 256 + len(special_tokens)  # every byte, plus the special tokens

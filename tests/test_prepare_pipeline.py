@@ -1,0 +1,167 @@
+"""prepare's pipeline: streamed fitting gives today's tokenizer, pieces cut where the
+pre-tokenizer cuts give the whole text's ids, workers keep input order, tiktoken agrees with
+tokenizers, and a prepare killed at a random moment then rerun writes the same bytes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from minitransformer.cli import main
+from minitransformer.data import encode, reading, shards
+from minitransformer.data.encode import (
+    EncoderPool,
+    choose_encoder,
+    cut_pieces,
+    encoder_spec,
+    make_encoder,
+)
+from minitransformer.data.prepare import prepare_corpus
+from minitransformer.data.reading import blocks, sample_lines
+from minitransformer.data.shards import MANIFEST, PARTIAL, TOKENIZER, TOKENS
+from minitransformer.tokenizers import CharTokenizer, fit_tokenizer, load_tokenizer
+from minitransformer.tokenizers.fitting import GPT_SPECIALS
+
+LINES = ["First Citizen:", "Before we proceed any further, hear me speak.", "",
+         "  All:\tSpeak, speak.", "You are all resolved rather to die than to famish?",
+         "It's 1,000 crowns -- they'll've gone!", "   ", "从前有座山，山里有座庙。",
+         "naïve\u00a0café\r", "a\r\nb", "x\x0cy\u2028z", "  \n  "]
+
+
+def _docs(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        body = "\n".join(rng.choice(LINES) for _ in range(rng.randint(20, 60)))
+        docs.append(body + rng.choice(["", "\n", "\r", "\n\n"]))
+    return docs
+
+
+def _folder(tmp_path, docs):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i, doc in enumerate(docs):
+        (folder / f"{i:02d}.txt").write_bytes(doc.encode("utf-8"))
+    return folder
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks and pieces of a few dozen bytes: lines, characters and pieces cross them."""
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 37)
+    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 53 for k in shards.PIECE_CHARS})
+
+
+@pytest.mark.parametrize("kind", ["bpe-bytes", "bpe-chars"])
+def test_streamed_bpe_is_fit_tokenizer_on_the_whole_text(tmp_path, small_blocks, kind):
+    docs = _docs(3)
+    prepare_corpus([str(_folder(tmp_path, docs))], tmp_path / "dd", kind, 400,
+                   special_tokens=GPT_SPECIALS, workers=1, echo=lambda _: None)
+    whole = fit_tokenizer(kind, "\n".join(docs), 400, GPT_SPECIALS, echo=None)
+    assert json.loads((tmp_path / "dd" / TOKENIZER).read_text("utf-8")) == whole.to_dict()
+
+
+def test_streamed_lines_are_splitlines_of_the_joined_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 5)
+    docs = _docs(4, seed=1)
+    files = sorted(_folder(tmp_path, docs).iterdir())
+    assert list(reading.lines(blocks(files))) == "\n".join(docs).splitlines(keepends=True)
+    chars = prepare_corpus([str(tmp_path / "books")], tmp_path / "dd", "char", None,
+                           workers=1, echo=lambda _: None)
+    assert chars["documents"] == 4
+    tok = load_tokenizer(tmp_path / "dd" / TOKENIZER)
+    assert tok.chars == sorted(set("\n\n".join(docs)))  # the alphabet as it was fitted before
+
+
+def test_a_sample_is_spread_over_the_whole_corpus():
+    texts = [(True, f"{i:04d}" * 25 + "\n", 101) for i in range(1000)]  # 1000 documents
+    kept, head, read = sample_lines(iter(texts), total_bytes=101_000, sample_bytes=10_100)
+    assert read == 101_000 and head.startswith("0000")
+    numbers = sorted(int(line[:4]) for line in kept)
+    assert 95 <= len(numbers) <= 105 and numbers[0] < 20 and numbers[-1] > 980
+
+
+@pytest.mark.parametrize("kind", ["bpe-bytes", "bpe-chars"])
+def test_pieces_cut_where_the_pretokenizer_cuts_give_the_whole_texts_ids(kind):
+    text = "\n".join(_docs(6, seed=2))
+    tok = fit_tokenizer(kind, text, 400, GPT_SPECIALS, echo=None)
+    spec = {**encoder_spec(tok), "kind": "hf"}
+    texts = [(i == 0, text[i:i + 29]) for i in range(0, len(text), 29)]
+    pieces = [p for _, p in cut_pieces(texts, encode.cut_mode(tok), "", 41)]
+    assert len(pieces) > 20 and "".join(pieces) == text
+    ids = np.concatenate([make_encoder(spec)(p) for p in pieces])
+    assert ids.tolist() == tok.encode(text)
+
+
+def test_tiktoken_from_our_merges_gives_tokenizers_ids_or_is_not_used():
+    text = "\n".join(_docs(8, seed=3))
+    tok = fit_tokenizer("bpe-bytes", text, 500, GPT_SPECIALS, echo=None)
+    spec, route = choose_encoder(encoder_spec(tok), text[:2000])
+    assert spec["kind"] == "tiktoken", route
+    with_eot = text + "<|endoftext|>" + text[:500]
+    assert make_encoder(spec)(with_eot).tolist() == tok.encode(with_eot)
+    chars = fit_tokenizer("bpe-chars", text, 500, GPT_SPECIALS, echo=None)
+    assert choose_encoder(encoder_spec(chars), text)[0]["kind"] == "hf"  # byte fallback
+
+
+def test_char_table_lookup_equals_the_tokenizer_and_names_an_unseen_character():
+    text = "\n".join(_docs(2, seed=4))
+    tok = CharTokenizer.fit(text)
+    enc = make_encoder(encoder_spec(tok))
+    assert enc(text).tolist() == tok.encode(text)
+    with pytest.raises(encode.EncodeError, match="'Q'"):
+        enc("abcQ")
+
+
+def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 97 for k in shards.PIECE_CHARS})
+    folder = _folder(tmp_path, _docs(5, seed=5))
+    out = {}
+    for workers in (1, 3):
+        prepare_corpus([str(folder)], tmp_path / f"w{workers}", "bpe-bytes", 400,
+                       special_tokens=GPT_SPECIALS, workers=workers, echo=lambda _: None)
+        out[workers] = (tmp_path / f"w{workers}" / TOKENS).read_bytes()
+    assert out[1] == out[3] and len(out[1]) > 2000
+    pool = EncoderPool({"kind": "char", "chars": list("ab"), "dtype": "uint16"}, 2)
+    with pool:
+        got = [a.tolist() for a in pool.map(["ab" * i for i in range(30)])]
+    assert got == [[0, 1] * i for i in range(30)]
+
+
+def _prepare(args):
+    source, out = args
+    prepare_corpus([source], out, "char", None, workers=2, echo=lambda _: None)
+
+
+def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 1 << 16 for k in shards.PIECE_CHARS})
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(_docs(400, seed=6)) * 4, encoding="utf-8")  # about 4 MB
+    start = time.perf_counter()
+    _prepare((str(corpus), tmp_path / "whole"))
+    took = time.perf_counter() - start
+    out = tmp_path / "killed"
+    child = multiprocessing.get_context("fork").Process(target=_prepare,
+                                                        args=((str(corpus), out),))
+    child.start()
+    time.sleep(random.Random(14).uniform(0.1, 0.9) * took)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    if (out / MANIFEST).exists():  # it had finished: then it is whole
+        assert (out / TOKENS).read_bytes() == (tmp_path / "whole" / TOKENS).read_bytes()
+    else:
+        assert not (out / TOKENIZER).exists() or (out / PARTIAL).exists()
+        assert main(["prepare", "--data", str(corpus), "--out", str(out), "--workers", "2"]) == 0
+    for name in (TOKENS, TOKENIZER):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    whole = json.loads((tmp_path / "whole" / MANIFEST).read_text("utf-8"))
+    assert json.loads((out / MANIFEST).read_text("utf-8")) == whole
+    assert not (out / PARTIAL).exists()
