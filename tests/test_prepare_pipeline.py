@@ -165,3 +165,13 @@ def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tm
     whole = json.loads((tmp_path / "whole" / MANIFEST).read_text("utf-8"))
     assert json.loads((out / MANIFEST).read_text("utf-8")) == whole
     assert not (out / PARTIAL).exists()
+
+
+def test_clear_cache_empties_the_cache_alone_or_before_a_prepare(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "tokens" / "k").mkdir(parents=True)
+    (tmp_path / "cache" / "tokens" / "k" / TOKENS).write_bytes(b"\0" * 1000)
+    assert main(["prepare", "--clear_cache"]) == 0
+    assert not (tmp_path / "cache").exists() and "removed the cache" in capsys.readouterr().out
+    assert main(["prepare", "--out", str(tmp_path / "dd")]) == 2
+    assert "--data" in capsys.readouterr().err
