@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import urllib.request
 
 import pytest
@@ -20,6 +21,7 @@ from minitransformer.models import GPT
 from minitransformer.serve import Settings, create_app, running
 from minitransformer.tokenizers import CharTokenizer
 from minitransformer.training.checkpoint import write_model_files
+from minitransformer.viz.i18n import catalogue, msg, render
 from minitransformer.viz.page import embed_json
 from minitransformer.viz.trace import token_labels
 
@@ -74,7 +76,7 @@ def page(browser, served):
     for p in ctx.pages:
         assert p.evaluate("window.refused") == [], p.url
     assert not page.dialogs and not page.errors, (page.dialogs, page.errors)
-    assert all(r.startswith(url) for r in page.requests), page.requests
+    assert all(r.startswith("http://127.0.0.1:") for r in page.requests), page.requests
     ctx.close()
 
 
@@ -100,7 +102,9 @@ def test_the_page_is_strict_about_scripts(served):
     with urllib.request.urlopen(url, timeout=10) as r:
         csp, html = r.headers["Content-Security-Policy"], r.read().decode()
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
-    assert html.count("<script") == html.count("<script src=") == 1
+    # one script, from /assets/; the other element is data (the catalogues), never run
+    assert html.count("<script") == 2 and html.count("<script src=") == 1
+    assert html.count('<script type="application/json" id="i18n">') == 1
     assert "http://" not in html and "https://" not in html  # nothing from a CDN
 
 
@@ -191,6 +195,67 @@ def test_the_walkthrough_button_opens_the_live_walkthrough_of_the_text(page, ser
     assert "<style" not in html
     assert url + "assets/explain.js" in page.requests and url + "assets/explain.css" in \
         page.requests
+
+
+# Three or more English words in a row: a sentence (or its start) the catalogue missed.
+ENGLISH = re.compile(r"[A-Za-z]{2,}(?:[\s,;:'()-]+[A-Za-z]{2,}){2,}")
+# The visible words of the page that are not the model's: tokens, prompts and ids left out.
+VISIBLE_WORDS = """() => {
+  const skip = "#output, .tok, textarea, #attention .label, code, a[href='/openapi.json']";
+  const out = [], walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walk.nextNode()) {
+    const e = walk.currentNode.parentElement, text = walk.currentNode.textContent.trim();
+    if (text && e.checkVisibility() && !e.closest(skip)) out.push(text);
+  }
+  return out.join("\\n");
+}"""
+MARKED = """() => [...document.querySelectorAll("[data-i18n]")].map((e) => [e.dataset.i18n,
+  e.textContent])"""
+
+
+def _labels_are(page, lang: str) -> None:
+    ui = catalogue(lang)
+    assert [(k, x) for k, x in page.evaluate(MARKED) if x != ui[k]] == []
+    for attr in ("title", "placeholder", "aria-label"):
+        pairs = page.eval_on_selector_all(f"[data-i18n-{attr}]", f"xs => xs.map(x => ["
+                                          f"x.dataset.i18n{attr.title().replace('-', '')}, "
+                                          f"x.getAttribute('{attr}')])")
+        assert pairs and [(k, x) for k, x in pairs if x != ui[k]] == [], attr
+    assert page.title() == ui["play.title"]
+
+
+def test_the_playground_in_chinese_and_its_toggle(page, served):
+    """serve --lang zh: every word on the page is the zh catalogue's (no English sentence
+    left); the toggle switches to English and back on the same document and the same data."""
+    url, run = served
+    with running(create_app(run, Settings(model_id="markup", lang="zh"))) as zh_url:
+        page.goto(zh_url)
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.get_attribute("html", "lang") == "zh-CN"
+        generate(page, "ROME:", 8, seed=4)
+        page.click("#output .token[data-pos='6']")
+        page.wait_for_selector("#inspect[data-position='6']")
+        _labels_are(page, "zh")
+        zh = catalogue("zh")
+        assert page.text_content("#status") == render(
+            msg("play.done", n=8, reason=msg("play.finish.length")), "zh")
+        assert page.text_content("#at-pos") == render(msg("play.at_pos", pos=6), "zh")
+        words = page.evaluate(VISIBLE_WORDS)
+        assert zh["play.click_hint"] in words and not ENGLISH.findall(words), words
+        numbers = "#probs td.prob, #attention .weight, #output"
+        before = page.eval_on_selector_all(numbers, "xs => xs.map(x => x.textContent)")
+        page.evaluate("window.stillHere = 42")
+        asked = len(page.requests)
+        page.click("#lang")
+        assert page.get_attribute("html", "lang") == "en" and page.inner_text("#lang") == "中文"
+        _labels_are(page, "en")
+        assert ENGLISH.findall(page.evaluate(VISIBLE_WORDS))  # the check finds English ones
+        assert page.text_content("#status").startswith("done: 8 tokens")
+        assert page.eval_on_selector_all(numbers, "xs => xs.map(x => x.textContent)") == before
+        assert page.evaluate("window.stillHere") == 42 and len(page.requests) == asked
+        page.click("#lang")
+        _labels_are(page, "zh")
+        assert page.inner_text("#lang") == "English"
 
 
 @pytest.fixture(scope="module")

@@ -188,5 +188,5 @@ def test_help_names_every_flag(capsys):
     assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--host", "--port", "--api_key", "--insecure_no_key", "--max_queue",
-                 "--max_tokens", "--which", "--device"):
+                 "--max_tokens", "--lang", "--which", "--device"):
         assert flag in out

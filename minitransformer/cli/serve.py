@@ -13,6 +13,7 @@ from ..errors import UserError
 from ..families import load_run
 from ..serve import Settings, bind, create_app, is_loopback, make_server, url_of
 from ..training.device import decoding_threads, pick_device
+from ..viz.i18n import LANGS
 from .flags import add_device, add_which, nonneg_int, positive_int
 
 EPILOG = """\
@@ -47,6 +48,9 @@ def add_parser(sub) -> None:
                         "(default 16)")
     s.add_argument("--max_tokens", type=positive_int, default=1024,
                    help="the most tokens one request may ask for (default 1024)")
+    s.add_argument("--lang", choices=LANGS, default="en",
+                   help="the language the playground and its walkthroughs open in, en or zh "
+                        "(default en); a button on the page switches")
     add_which(s)
     add_device(s)
     s.set_defaults(func=cmd_serve)
@@ -75,7 +79,7 @@ def cmd_serve(args) -> int:
     name = Path(args.dir).resolve().name or "model"  # the run's name, whichever checkpoint
     settings = Settings(model_id=name, api_key=args.api_key,
                         max_queue=args.max_queue, max_tokens=args.max_tokens,
-                        max_batch=args.max_batch)
+                        max_batch=args.max_batch, lang=args.lang)
     app = create_app(run, settings)
     url = url_of(sock)
     print(f"serving {run.family.title} run {settings.model_id!r} on {url} (playground), "

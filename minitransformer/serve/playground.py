@@ -2,10 +2,12 @@
 
 Only the files named in ``ASSETS`` are served, read once from the package (no path from a URL
 reaches the file system); the walkthrough's script and stylesheet are among them, for the
-walkthrough pages of ``walkthrough.py``. What a run offers follows its family's commands: a run that
-samples (GPT) gets tokenize and inspect (next-token probabilities and attention at one
-position), a run that translates gets translate (with the cross-attention of the result), a
-masked-LM encoder gets fill-mask.
+walkthrough pages of ``walkthrough.py``. The page's words are the messages of the walkthrough's
+catalogues (``viz/i18n.py``), embedded in it as JSON; it opens in the server's ``--lang``.
+
+What a run offers follows its family's commands: a run that samples (GPT) gets tokenize and
+inspect (next-token probabilities and attention at one position), a run that translates gets
+translate (with the cross-attention of the result), a masked-LM encoder gets fill-mask.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
 
 from ..viz import page as walk_page
+from ..viz.i18n import HTML_LANG, page_catalogues
 from ..viz.trace import token_labels
 from . import walkthrough
 from .errors import APIError
@@ -32,10 +35,16 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
+def render_playground(lang: str) -> str:
+    """The page opening in ``lang``, with every catalogue embedded for its toggle."""
+    return (_read("playground.html").replace("{{html_lang}}", HTML_LANG[lang])
+            .replace("{{lang}}", lang).replace("{{i18n}}", walk_page.embed_json(page_catalogues())))
+
+
 def router(run, settings, worker, authorized) -> APIRouter:
     """The page, its assets, and /api/... for one loaded run."""
     r = APIRouter()
-    page, assets = _read("playground.html"), {name: _read(name) for name in ASSETS}
+    page, assets = render_playground(settings.lang), {name: _read(name) for name in ASSETS}
     commands = run.family.commands
     api = APIRouter(prefix="/api", dependencies=[Depends(authorized)])
 

@@ -1,10 +1,30 @@
 "use strict";
 // The playground: streams completions from /v1/completions and asks /api/ what the model
 // computes at a token. Model output and prompts only ever reach the page as textContent.
+// Every word shown is a message of the catalogues embedded in the page (the walkthrough's,
+// viz/assets/i18n): the language toggle re-renders them and leaves the data as it is.
 (() => {
   const $ = (id) => document.getElementById(id);
+  const I18N = JSON.parse($("i18n").textContent);
   const state = { info: null, key: "", prompt: "", generated: "", count: 0, nPrompt: 0,
-                  controller: null, inspect: null, pos: null, masked: null };
+                  controller: null, inspect: null, pos: null, masked: null, filled: null,
+                  lang: document.documentElement.dataset.lang || I18N.langs[0],
+                  statuses: {}, modelLine: ["play.loading"] };
+
+  // A message in the current language: {name} replaced by args[name].
+  function t(key, args) {
+    const template = I18N.messages[state.lang][key];
+    if (template === undefined) return key;
+    return template.replace(/\{(\w+)\}/g, (all, name) => {
+      if (!args || !Object.prototype.hasOwnProperty.call(args, name)) return all;
+      const v = args[name];  // a message itself ({m: key, raw: text if there is none}), or text
+      if (v === null || typeof v !== "object") return String(v);
+      return I18N.messages[state.lang][v.m] !== undefined ? t(v.m, v.a) : String(v.raw);
+    });
+  }
+
+  // A line that is either a message [key, args] or text from the server (an error).
+  const say = (line) => (Array.isArray(line) ? t(line[0], line[1]) : line);
 
   function headers() {
     const h = { "Content-Type": "application/json" };
@@ -32,15 +52,29 @@
     return e;
   }
 
-  function setStatus(id, text, error) {
-    $(id).textContent = text;
+  function showStatus(id) {
+    const [line, error, link] = state.statuses[id] || ["", false, null];
+    if (link) {
+      const a = el("a", "", say(line));
+      Object.assign(a, { href: link, target: "_blank", rel: "noopener" });
+      $(id).replaceChildren(a);
+    } else {
+      $(id).textContent = say(line);
+    }
     $(id).classList.toggle("error", Boolean(error));
   }
 
+  function setStatus(id, line, error, link) {
+    state.statuses[id] = [line, error, link || null];
+    showStatus(id);
+  }
+
   function options(select, n, extra) {
+    const chosen = select.value;
     select.replaceChildren();
     for (let i = 0; i < n; i++) select.append(new Option(String(i), String(i)));
-    if (extra) select.append(new Option(extra, "all"));
+    if (extra) select.append(new Option(t(extra), "all"));
+    if (chosen && [...select.options].some((o) => o.value === chosen)) select.value = chosen;
   }
 
   // -- GPT runs: generate ------------------------------------------------------------------
@@ -109,7 +143,7 @@
     state.controller = controller;
     try {
       state.nPrompt = await renderTokens(state.prompt, Infinity);
-      setStatus("status", "generating\u2026");
+      setStatus("status", ["play.generating"]);
       const r = await fetch("/v1/completions", { method: "POST", headers: headers(),
         body: JSON.stringify(request()), signal: controller.signal });
       if (!r.ok) {
@@ -118,10 +152,12 @@
       }
       await readStream(r);
       await renderTokens(state.prompt + state.generated, state.nPrompt);
-      setStatus("status", `done: ${state.count} tokens (${state.finish || "stopped"})`);
+      const reason = state.finish || "none";
+      setStatus("status", ["play.done", { n: state.count,
+                                          reason: { m: "play.finish." + reason, raw: reason } }]);
       document.body.dataset.generated = String(state.count);
     } catch (e) {
-      if (e.name === "AbortError") setStatus("status", `stopped after ${state.count} tokens`);
+      if (e.name === "AbortError") setStatus("status", ["play.stopped_after", { n: state.count }]);
       else setStatus("status", e.message, true);
     } finally {
       if (state.controller === controller) state.controller = null;
@@ -160,7 +196,7 @@
       const grid = el("div", "grid");
       grid.style.gridTemplateColumns = `auto repeat(${keys.length}, 1.4em)`;
       layer.forEach((weights, h) => {
-        grid.append(el("span", "label", `head ${h}`));
+        grid.append(el("span", "label", t("ui.head_n", { n: h })));
         weights.forEach((w, j) => {
           const c = el("span", "cell");
           c.style.opacity = String(Math.max(w, 0.02));
@@ -185,6 +221,14 @@
     });
   }
 
+  function renderPosition() {
+    const data = state.inspect;
+    if (!data) return;
+    $("at-pos").textContent = data.offset
+      ? t("play.at_pos_window", { pos: data.position, start: data.offset })
+      : t("play.at_pos", { pos: data.position });
+  }
+
   async function inspect(pos) {
     state.pos = pos;
     for (const s of $("output").querySelectorAll(".token")) {
@@ -196,8 +240,7 @@
                                                prompt: Math.max(1, state.nPrompt) });
       state.inspect = data;
       $("at-token").textContent = data.tokens[data.position - data.offset];
-      $("at-pos").textContent = data.offset ? `(position ${data.position}, seen through ` +
-        `tokens ${data.offset}\u2013${data.position})` : `(position ${data.position})`;
+      renderPosition();
       renderProbs(data);
       renderAttention();
       $("inspect").hidden = false;
@@ -213,17 +256,10 @@
     const text = state.prompt ? state.prompt + state.generated : $("prompt").value;
     $("walkthrough").disabled = true;
     try {
-      const data = await api("/api/walkthrough", { text });
+      const data = await api("/api/walkthrough", { text, lang: state.lang });
       const tab = window.open(data.url, "_blank");
-      if (tab) {
-        tab.opener = null;
-      } else {  // a popup blocker: offer the link instead
-        const link = el("a", "", "open the walkthrough");
-        link.href = data.url;
-        link.target = "_blank";
-        link.rel = "noopener";
-        $("status").replaceChildren(link);
-      }
+      if (tab) tab.opener = null;
+      else setStatus("status", ["play.open_walkthrough"], false, data.url);  // popup blocked
       document.body.dataset.walkthrough = data.url;
     } catch (e) {
       setStatus("status", e.message, true);
@@ -234,7 +270,7 @@
 
   // -- encoder-decoder runs ----------------------------------------------------------------
   async function translate() {
-    setStatus("t-status", "translating\u2026");
+    setStatus("t-status", ["play.translating"]);
     try {
       const data = await api("/api/translate", { text: $("source").value,
                                                  beam: Number($("beam").value) });
@@ -267,6 +303,7 @@
 
   // -- masked-LM encoder runs -------------------------------------------------------------
   function renderFilled(data) {
+    state.filled = data;
     const box = $("filled");
     box.replaceChildren();
     const best = new Map(data.slots.map((s) => [s.position, s.predictions[0]]));
@@ -281,7 +318,7 @@
     slots.replaceChildren();
     data.slots.forEach((slot, n) => {
       const panel = el("div", "panel slot-panel");
-      panel.append(el("h3", "", `[MASK] ${n + 1} (position ${slot.position})`));
+      panel.append(el("h3", "", t("play.slot", { n: n + 1, pos: slot.position })));
       const table = el("table");
       for (const p of slot.predictions) {
         const tr = el("tr");
@@ -335,13 +372,50 @@
       if (t && state.masked) maskToken(Number(t.dataset.pos));
     });
     $("key").addEventListener("change", () => { state.key = $("key").value; start(); });
+    $("lang").addEventListener("click", () => {
+      state.lang = $("lang").dataset.lang;
+      relabel();
+    });
+  }
+
+  // Every word on the page in state.lang: the marked elements, then what was built from
+  // data (statuses, headings, selectors, the attention view), from the data already here.
+  function relabel() {
+    const lang = state.lang, other = I18N.langs.find((l) => l !== lang) || lang;
+    document.documentElement.lang = I18N.html[lang] || lang;
+    document.documentElement.dataset.lang = lang;
+    for (const e of document.querySelectorAll("[data-i18n]")) e.textContent = t(e.dataset.i18n);
+    for (const attr of ["title", "placeholder", "aria-label"]) {
+      for (const e of document.querySelectorAll(`[data-i18n-${attr}]`)) {
+        e.setAttribute(attr, t(e.getAttribute(`data-i18n-${attr}`)));
+      }
+    }
+    document.title = t("play.title");
+    const toggle = $("lang");
+    toggle.hidden = other === lang;
+    toggle.textContent = I18N.names[other] || other;
+    toggle.lang = I18N.html[other] || other;
+    toggle.dataset.lang = other;
+    toggle.title = t("ui.switch", { name: I18N.names[other] || other });
+    if (state.modelLine) $("model").textContent = say(state.modelLine);
+    for (const id of Object.keys(state.statuses)) showStatus(id);
+    if (state.info) {
+      options($("head"), state.info.n_head, "play.all_heads");
+      if (!state.info.completions && !state.info.translate && !state.info.fill_mask) {
+        $("other-text").textContent = t("play.no_view", { title: state.info.title });
+      }
+    }
+    renderPosition();
+    renderAttention();
+    if (state.filled) renderFilled(state.filled);
   }
 
   function show(info) {
     state.info = info;
     document.body.dataset.ready = "true";
     $("keybox").hidden = !info.auth;
-    $("model").textContent = `${info.title} run \u201c${info.model}\u201d`;
+    state.modelLine = ["play.model_line", { title: info.title, model: info.model }];
+    $("model").textContent = say(state.modelLine);
     if (info.completions) {
       $("gpt").hidden = false;
       const cap = Math.min(info.max_tokens, 1024);
@@ -349,14 +423,14 @@
       if (Number($("max_tokens").value) > cap) $("max_tokens").value = String(cap);
       $("max_tokens-out").textContent = $("max_tokens").value;
       options($("layer"), info.n_layer);
-      options($("head"), info.n_head, "all heads");
+      options($("head"), info.n_head, "play.all_heads");
     } else if (info.translate) {
       $("seq2seq").hidden = false;
     } else if (info.fill_mask) {
       $("encoder").hidden = false;
     } else {
       $("other").hidden = false;
-      $("other-text").textContent = `${info.title} runs have no view here yet.`;
+      $("other-text").textContent = t("play.no_view", { title: info.title });
     }
   }
 
@@ -366,13 +440,15 @@
     } catch (e) {
       if (e.status === 401) {
         $("keybox").hidden = false;
-        $("model").textContent = "this server needs an API key";
+        state.modelLine = ["play.need_key"];
       } else {
-        $("model").textContent = e.message;
+        state.modelLine = e.message;
       }
+      $("model").textContent = say(state.modelLine);
     }
   }
 
   wire();
+  relabel();
   start();
 })();
