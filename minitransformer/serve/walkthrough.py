@@ -6,7 +6,9 @@
                             linked from /assets/ (the walkthrough's own files), never inline
 
 The ID is a random token handed out by the POST, so opening the page in a new tab needs no
-API key of its own (the POST did). Only the last ``KEEP`` descriptions are kept.
+API key of its own (the POST did). Only the last ``KEEP`` pages are kept, as HTML text (far
+smaller than the description's nested lists, and rendered on the worker thread, not the
+event loop).
 """
 
 from __future__ import annotations
@@ -23,34 +25,38 @@ from ..viz.page import render_page
 from .errors import APIError
 from .schemas import WalkthroughRequest
 
-KEEP = 16
+KEEP = 8
 
 
 class Pages:
-    """The last ``keep`` walkthrough descriptions by ID (touched on the event loop only)."""
+    """The last ``keep`` walkthrough pages by ID (touched on the event loop only)."""
 
     def __init__(self, keep: int = KEEP):
-        self.keep, self._docs = keep, OrderedDict()
+        self.keep, self._pages = keep, OrderedDict()
 
-    def add(self, doc: dict) -> str:
+    def add(self, html: str) -> str:
         key = secrets.token_urlsafe(16)
-        self._docs[key] = doc
-        while len(self._docs) > self.keep:
-            self._docs.popitem(last=False)
+        self._pages[key] = html
+        while len(self._pages) > self.keep:
+            self._pages.popitem(last=False)
         return key
 
-    def get(self, key: str) -> dict | None:
-        return self._docs.get(key)
+    def get(self, key: str) -> str | None:
+        return self._pages.get(key)
 
 
-def explain(run, req: WalkthroughRequest) -> dict:
-    """The family's walkthrough of ``req.text`` (a user error becomes a 400)."""
+def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
+    """The family's walkthrough of ``req.text`` as a served page (HTML text) opening in
+    ``lang``, and what the API answers about it; a user error becomes a 400."""
     source = run.meta.get("data", {}).get("source") or run.folder.name
     try:
-        return run.family.explain(run.model, run.tokenizer, req.text, req.layer, req.head,
-                                  req.top, msg("walk.trained_on", source=source))
+        doc = run.family.explain(run.model, run.tokenizer, req.text, req.layer, req.head,
+                                 req.top, msg("walk.trained_on", source=source))
     except UserError as e:  # text too long for the page, characters the tokenizer lacks
         raise APIError(400, f"text: {e}", "text", "bad_text") from None
+    tokens = next(b["tokens"] for b in doc["steps"][0]["blocks"] if b["kind"] == "tokens")
+    return render_page(doc, lang, assets="/assets/"), {"steps": len(doc["steps"]),
+                                                       "tokens": tokens}
 
 
 def add_routes(page_router: APIRouter, api: APIRouter, run, worker, lang: str) -> None:
@@ -64,17 +70,14 @@ def add_routes(page_router: APIRouter, api: APIRouter, run, worker, lang: str) -
         if "explain" not in run.family.commands:
             raise APIError(400, f"{run.family.title} runs have no walkthrough", None,
                            "not_applicable")
-        doc = await worker.call(lambda job: explain(run, req))
-        key = pages.add({**doc, "lang": req.lang or lang})
-        return {"url": f"/walkthrough/{key}", "steps": len(doc["steps"]),
-                "tokens": next(b["tokens"] for b in doc["steps"][0]["blocks"]
-                               if b["kind"] == "tokens")}
+        html, about = await worker.call(lambda job: explain(run, req, req.lang or lang))
+        return {"url": f"/walkthrough/{pages.add(html)}", **about}
 
     @page_router.get("/walkthrough/{key}", response_class=HTMLResponse,
                      include_in_schema=False)
     async def walkthrough_page(key: str):
-        doc = pages.get(key)
-        if doc is None:
+        html = pages.get(key)
+        if html is None:
             raise APIError(404, "no such walkthrough (only the last few are kept): press the "
                                 "walkthrough button again", None, "not_found")
-        return HTMLResponse(render_page(doc, assets="/assets/"))
+        return HTMLResponse(html)

@@ -1,5 +1,8 @@
 """Message catalogues: every sentence, label and button of the pages, one JSON file per language.
 
+The pages are the walkthrough, the worked example and ``serve``'s playground (its keys start
+with ``play.``; the playground reuses the walkthrough's ``ui.`` labels where they fit).
+
 A page description never holds an English sentence. It holds messages, ``{"m": key, "a":
 {name: value}}``, and the page renders each one from the catalogue of the language chosen
 (``assets/i18n/en.json``, ``assets/i18n/zh.json``), so the toggle on the page switches language
