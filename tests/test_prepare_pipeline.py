@@ -129,10 +129,11 @@ def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypa
                        special_tokens=GPT_SPECIALS, workers=workers, echo=lambda _: None)
         out[workers] = (tmp_path / f"w{workers}" / TOKENS).read_bytes()
     assert out[1] == out[3] and len(out[1]) > 2000
-    pool = EncoderPool({"kind": "char", "chars": list("ab"), "dtype": "uint16"}, 2)
+    pool = EncoderPool({"kind": "char", "chars": list("ab"), "dtype": "uint16",
+                        "vocab_size": 2}, 2)
     with pool:
-        got = [a.tolist() for a in pool.map(["ab" * i for i in range(30)])]
-    assert got == [[0, 1] * i for i in range(30)]
+        got = [(a.tolist(), c.tolist()) for a, c in pool.map(["ab" * i + "b" for i in range(30)])]
+    assert got == [([0, 1] * i + [1], [i, i + 1]) for i in range(30)]
 
 
 def _prepare(args):

@@ -115,18 +115,7 @@ def make_encoder(spec: dict):
     """piece (str) -> ids (np.ndarray of spec["dtype"]) for an encoder spec."""
     dtype = np.dtype(spec["dtype"])
     if spec["kind"] == "char":
-        codes = np.array([ord(c) for c in spec["chars"]], dtype=np.int64)
-        lut = np.full(int(codes.max()) + 2, -1, dtype=np.int64)
-        lut[codes] = np.arange(len(codes))
-
-        def encode_chars(piece: str) -> np.ndarray:
-            points = np.frombuffer(piece.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-            ids = lut[np.minimum(points, len(lut) - 1)]  # unseen points land on the -1 slot
-            if ids.size and ids.min() < 0:
-                unseen = chr(int(points[np.argmax(ids < 0)]))
-                raise EncodeError(f"the text has a character the tokenizer never saw: {unseen!r}")
-            return ids.astype(dtype)
-        return encode_chars
+        return _char_encoder(spec["chars"], dtype)
     if spec["kind"] == "tiktoken":
         enc = build_tiktoken(json.loads(spec["json"]))
         if enc is None:
@@ -136,6 +125,38 @@ def make_encoder(spec: dict):
 
     tok = Tokenizer.from_str(spec["json"])
     return lambda piece: np.array(tok.encode(piece, add_special_tokens=False).ids, dtype=dtype)
+
+
+def _char_encoder(chars: list[str], dtype):
+    """A table over every code point (its id, or a sentinel for characters not in ``chars``),
+    indexed by the piece's code points: its Latin-1 bytes when it is ASCII (CPython knows
+    that without a scan), else its UTF-32."""
+    small = len(chars) < (1 << 16) - 1  # then no id reaches the sentinel
+    sentinel = (1 << 16) - 1 if small else (1 << 32) - 1
+    lut = np.full(0x110000, sentinel, dtype=np.uint16 if small else np.uint32)
+    lut[[ord(c) for c in chars]] = np.arange(len(chars))
+
+    def encode_chars(piece: str) -> np.ndarray:
+        if piece.isascii():
+            points = np.frombuffer(piece.encode("ascii"), dtype=np.uint8)
+        else:
+            points = np.frombuffer(piece.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = lut[points]
+        if ids.size and int(ids.max()) == sentinel:
+            unseen = chr(int(points[np.argmax(ids == sentinel)]))
+            raise EncodeError(f"the text has a character the tokenizer never saw: {unseen!r}")
+        return ids.astype(dtype, copy=False)
+    return encode_chars
+
+
+def make_counting_encoder(spec: dict):
+    """piece -> (ids, how often each id occurs (V,) int64), for an encoder spec."""
+    encode, vocab = make_encoder(spec), spec["vocab_size"]
+
+    def encode_and_count(piece: str) -> tuple[np.ndarray, np.ndarray]:
+        ids = encode(piece)
+        return ids, np.bincount(ids, minlength=vocab)[:vocab]
+    return encode_and_count
 
 
 def choose_encoder(spec: dict, probe: str) -> tuple[dict, str]:
@@ -157,8 +178,10 @@ def encoder_spec(tokenizer) -> dict:
     """What a worker needs to encode with ``tokenizer`` (see encode.make_encoder)."""
     dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"  # as shards.py stores
     if tokenizer.kind == "char":
-        return {"kind": "char", "chars": tokenizer.chars, "dtype": dtype}
-    return {"kind": "bpe", "json": tokenizer.hf.to_str(), "dtype": dtype}
+        return {"kind": "char", "chars": tokenizer.chars, "dtype": dtype,
+                "vocab_size": tokenizer.vocab_size}
+    return {"kind": "bpe", "json": tokenizer.hf.to_str(), "dtype": dtype,
+            "vocab_size": tokenizer.vocab_size}
 
 
 def cut_mode(tokenizer) -> str:
@@ -239,14 +262,15 @@ def serve(stdin=None, stdout=None) -> None:
     if frame is None:
         return
     try:
-        encode = make_encoder(json.loads(frame))
+        encode = make_counting_encoder(json.loads(frame))
         _write_frame(stdout, b"K")
     except Exception as e:  # noqa: BLE001 - the parent reports it
         _write_frame(stdout, b"E" + str(e).encode("utf-8", "replace"))
         return
     while (frame := _read_frame(stdin)) is not None:
         try:
-            out = b"K" + encode(frame.decode("utf-8", "surrogatepass")).tobytes()
+            ids, counts = encode(frame.decode("utf-8", "surrogatepass"))
+            out = b"K" + counts.astype("<i8").tobytes() + ids.tobytes()
         except Exception as e:  # noqa: BLE001
             out = b"E" + str(e).encode("utf-8", "replace")
         _write_frame(stdout, out)
@@ -308,11 +332,11 @@ class _Worker:
 
 
 class EncoderPool:
-    """``map(pieces)``: the ids of each piece, in input order, encoded by ``workers``
+    """``map(pieces)``: (ids, id counts) of each piece, in input order, encoded by ``workers``
     processes (in this process when ``workers`` is 1); at most ``2 * workers`` in flight."""
 
     def __init__(self, spec: dict, workers: int = 1):
-        self.spec, self.dtype = spec, np.dtype(spec["dtype"])
+        self.spec, self.dtype, self.vocab = spec, np.dtype(spec["dtype"]), spec["vocab_size"]
         self.workers = [_Worker(spec) for _ in range(workers)] if workers > 1 else []
 
     def __enter__(self) -> EncoderPool:
@@ -331,16 +355,20 @@ class EncoderPool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
 
-    def map(self, pieces: Iterable[str]) -> Iterator[np.ndarray]:
+    def _result(self, frame: bytes) -> tuple[np.ndarray, np.ndarray]:
+        cut = 8 * self.vocab
+        return (np.frombuffer(frame, dtype=self.dtype, offset=cut),
+                np.frombuffer(frame[:cut], dtype="<i8"))
+
+    def map(self, pieces: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if not self.workers:
-            encode = make_encoder(self.spec)
-            yield from map(encode, pieces)
+            yield from map(make_counting_encoder(self.spec), pieces)
             return
         n, window, pending = len(self.workers), 2 * len(self.workers), deque()
         for i, piece in enumerate(pieces):
             if len(pending) >= window:
-                yield np.frombuffer(self.workers[pending.popleft()].read(), dtype=self.dtype)
+                yield self._result(self.workers[pending.popleft()].read())
             self.workers[i % n].send(piece)
             pending.append(i % n)
         while pending:
-            yield np.frombuffer(self.workers[pending.popleft()].read(), dtype=self.dtype)
+            yield self._result(self.workers[pending.popleft()].read())

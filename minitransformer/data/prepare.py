@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -60,23 +61,27 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     files = source_files(sources)
     read = {"text_field": text_field, "encoding": encoding, "errors": errors}
     total = sum(p.stat().st_size for p in files)
+    prints, start = fingerprint(files), time.perf_counter()
     fitted, head = fit_streamed(files, kind or "char", vocab, special_tokens, read,
                                 DEFAULT_BPE_SAMPLE if bpe_sample is None else bpe_sample,
                                 total, echo)
     spec, route = choose_encoder(encoder_spec(fitted), head[:PROBE_CHARS])
     separator = bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
     workers = default_workers() if workers is None else max(1, workers)
+    fitting = time.perf_counter() - start
     with _bar(total, "encode") as bar:
         def texts():
             for new_doc, text, size in blocks(files, **read):
                 bar.update(size)
                 yield new_doc, text
-        manifest = write_stream(texts(), fitted, out, fingerprint(files), val_fraction,
-                                separator, workers, spec)
+        manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,
+                                spec)
+    encoding_s = time.perf_counter() - start - fitting
     echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
          f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
-         f"{fitted.vocab_size:,} ids, {manifest['dtype']}; {route}, {workers} worker(s)); "
-         f"train on it: minitransformer train --data {out} --out RUN")
+         f"{fitted.vocab_size:,} ids, {manifest['dtype']}); reading and fitting {fitting:.1f} s, "
+         f"encoding {encoding_s:.1f} s ({total / 1e6 / max(encoding_s, 1e-9):.1f} MB/s; {route}, "
+         f"{workers} worker(s)); train on it: minitransformer train --data {out} --out RUN")
     return manifest
 
 

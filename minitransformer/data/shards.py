@@ -74,8 +74,9 @@ class ShardWriter:
         self.tokens_file = open(self.partial / TOKENS, "wb")
         self.starts_file = open(self.partial / STARTS, "wb")
 
-    def add(self, ids: np.ndarray, new_document: bool) -> None:
-        """Append ``ids`` (N,); ``new_document``: they begin a document."""
+    def add(self, ids: np.ndarray, new_document: bool, counts: np.ndarray | None = None) -> None:
+        """Append ``ids`` (N,); ``new_document``: they begin a document; ``counts``: how often
+        each id occurs in them (V,), when the encoder counted already."""
         if new_document:
             self.starts.append(self.n)
             self.documents += 1
@@ -83,7 +84,8 @@ class ShardWriter:
                 self._flush_starts()
         ids = np.ascontiguousarray(ids, dtype=self.dtype)
         self.tokens_file.write(memoryview(ids).cast("B"))
-        self.counts += np.bincount(ids, minlength=len(self.counts))[:len(self.counts)]
+        self.counts += np.bincount(ids, minlength=len(self.counts))[:len(self.counts)] \
+            if counts is None else counts
         self.n += len(ids)
 
     def _flush_starts(self) -> None:
@@ -122,14 +124,15 @@ class ShardWriter:
         return manifest
 
 
-def write_ids(pieces: Iterable[tuple[bool, np.ndarray]], tokenizer, out_dir,
+def write_ids(pieces: Iterable[tuple[bool, np.ndarray, np.ndarray | None]], tokenizer, out_dir,
               sources: list[dict], val_fraction: float = 0.1) -> dict:
-    """Write ``pieces`` ((begins a document, ids) in order) as ``out_dir``; the manifest."""
+    """Write ``pieces`` ((begins a document, ids, their counts or None) in order) as
+    ``out_dir``; returns the manifest."""
     check_val_fraction(val_fraction)
     writer = ShardWriter(out_dir, tokenizer)
     try:
-        for new_document, ids in pieces:
-            writer.add(ids, new_document)
+        for new_document, ids, counts in pieces:
+            writer.add(ids, new_document, counts)
     except BaseException:
         writer.close()  # the partial folder stays, unread, until the next prepare
         raise
@@ -153,7 +156,8 @@ def write_stream(texts: Iterable[tuple[bool, str]], tokenizer, out_dir, sources:
 
     try:
         with EncoderPool(spec or encoder_spec(tokenizer), workers) as pool:
-            return write_ids(((flags.popleft(), ids) for ids in pool.map(pieces())),
+            return write_ids(((flags.popleft(), ids, counts) for ids, counts in
+                              pool.map(pieces())),
                              tokenizer, out_dir, sources, val_fraction)
     except EncodeError as e:
         raise UserError(str(e)) from None
