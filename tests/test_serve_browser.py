@@ -102,8 +102,8 @@ def test_the_page_is_strict_about_scripts(served):
     with urllib.request.urlopen(url, timeout=10) as r:
         csp, html = r.headers["Content-Security-Policy"], r.read().decode()
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
-    # one script, from /assets/; the other element is data (the catalogues), never run
-    assert html.count("<script") == 2 and html.count("<script src=") == 1
+    # two scripts, from /assets/; the third element is data (the catalogues), never run
+    assert html.count("<script") == 3 and html.count('<script src="/assets/') == 2
     assert html.count('<script type="application/json" id="i18n">') == 1
     assert "http://" not in html and "https://" not in html  # nothing from a CDN
 

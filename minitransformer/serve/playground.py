@@ -25,8 +25,8 @@ from .errors import APIError
 from .probes import encode, fill_mask, fills_masks, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
-ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css",
-          **walk_page.ASSETS}
+ASSETS = {"playground.js": "text/javascript", "playground-words.js": "text/javascript",
+          "playground.css": "text/css", **walk_page.ASSETS}
 
 
 def _read(name: str) -> str:

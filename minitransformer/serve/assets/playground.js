@@ -1,30 +1,14 @@
 "use strict";
 // The playground: streams completions from /v1/completions and asks /api/ what the model
 // computes at a token. Model output and prompts only ever reach the page as textContent.
-// Every word shown is a message of the catalogues embedded in the page (the walkthrough's,
-// viz/assets/i18n): the language toggle re-renders them and leaves the data as it is.
+// Its words come from playground-words.js (the catalogues), loaded before it.
 (() => {
   const $ = (id) => document.getElementById(id);
-  const I18N = JSON.parse($("i18n").textContent);
+  const words = window.playgroundWords;  // playground-words.js
+  const { t } = words;
+  const setStatus = words.status;
   const state = { info: null, key: "", prompt: "", generated: "", count: 0, nPrompt: 0,
-                  controller: null, inspect: null, pos: null, masked: null, filled: null,
-                  lang: document.documentElement.dataset.lang || I18N.langs[0],
-                  statuses: {}, modelLine: ["play.loading"] };
-
-  // A message in the current language: {name} replaced by args[name].
-  function t(key, args) {
-    const template = I18N.messages[state.lang][key];
-    if (template === undefined) return key;
-    return template.replace(/\{(\w+)\}/g, (all, name) => {
-      if (!args || !Object.prototype.hasOwnProperty.call(args, name)) return all;
-      const v = args[name];  // a message itself ({m: key, raw: text if there is none}), or text
-      if (v === null || typeof v !== "object") return String(v);
-      return I18N.messages[state.lang][v.m] !== undefined ? t(v.m, v.a) : String(v.raw);
-    });
-  }
-
-  // A line that is either a message [key, args] or text from the server (an error).
-  const say = (line) => (Array.isArray(line) ? t(line[0], line[1]) : line);
+                  controller: null, inspect: null, pos: null, masked: null, filled: null };
 
   function headers() {
     const h = { "Content-Type": "application/json" };
@@ -50,23 +34,6 @@
     if (cls) e.className = cls;
     if (text !== undefined) e.textContent = text;
     return e;
-  }
-
-  function showStatus(id) {
-    const [line, error, link] = state.statuses[id] || ["", false, null];
-    if (link) {
-      const a = el("a", "", say(line));
-      Object.assign(a, { href: link, target: "_blank", rel: "noopener" });
-      $(id).replaceChildren(a);
-    } else {
-      $(id).textContent = say(line);
-    }
-    $(id).classList.toggle("error", Boolean(error));
-  }
-
-  function setStatus(id, line, error, link) {
-    state.statuses[id] = [line, error, link || null];
-    showStatus(id);
   }
 
   function options(select, n, extra) {
@@ -221,12 +188,10 @@
     });
   }
 
-  function renderPosition() {
-    const data = state.inspect;
-    if (!data) return;
-    $("at-pos").textContent = data.offset
-      ? t("play.at_pos_window", { pos: data.position, start: data.offset })
-      : t("play.at_pos", { pos: data.position });
+  function renderPosition() {  // the window's start too once it no longer starts the text
+    const d = state.inspect;
+    if (d) $("at-pos").textContent = t(d.offset ? "play.at_pos_window" : "play.at_pos",
+                                       { pos: d.position, start: d.offset });
   }
 
   async function inspect(pos) {
@@ -244,8 +209,7 @@
       renderProbs(data);
       renderAttention();
       $("inspect").hidden = false;
-      $("inspect").dataset.position = String(data.position);
-      $("inspect").dataset.offset = String(data.offset);
+      Object.assign($("inspect").dataset, { position: data.position, offset: data.offset });
     } catch (e) {
       setStatus("status", e.message, true);
     }
@@ -256,7 +220,7 @@
     const text = state.prompt ? state.prompt + state.generated : $("prompt").value;
     $("walkthrough").disabled = true;
     try {
-      const data = await api("/api/walkthrough", { text, lang: state.lang });
+      const data = await api("/api/walkthrough", { text, lang: words.lang });
       const tab = window.open(data.url, "_blank");
       if (tab) tab.opener = null;
       else setStatus("status", ["play.open_walkthrough"], false, data.url);  // popup blocked
@@ -373,32 +337,15 @@
     });
     $("key").addEventListener("change", () => { state.key = $("key").value; start(); });
     $("lang").addEventListener("click", () => {
-      state.lang = $("lang").dataset.lang;
+      words.lang = $("lang").dataset.lang;
       relabel();
     });
   }
 
-  // Every word on the page in state.lang: the marked elements, then what was built from
-  // data (statuses, headings, selectors, the attention view), from the data already here.
+  // Every word on the page in the language chosen: the marked elements and status lines
+  // (playground-words.js), then what was built from the data already here.
   function relabel() {
-    const lang = state.lang, other = I18N.langs.find((l) => l !== lang) || lang;
-    document.documentElement.lang = I18N.html[lang] || lang;
-    document.documentElement.dataset.lang = lang;
-    for (const e of document.querySelectorAll("[data-i18n]")) e.textContent = t(e.dataset.i18n);
-    for (const attr of ["title", "placeholder", "aria-label"]) {
-      for (const e of document.querySelectorAll(`[data-i18n-${attr}]`)) {
-        e.setAttribute(attr, t(e.getAttribute(`data-i18n-${attr}`)));
-      }
-    }
-    document.title = t("play.title");
-    const toggle = $("lang");
-    toggle.hidden = other === lang;
-    toggle.textContent = I18N.names[other] || other;
-    toggle.lang = I18N.html[other] || other;
-    toggle.dataset.lang = other;
-    toggle.title = t("ui.switch", { name: I18N.names[other] || other });
-    if (state.modelLine) $("model").textContent = say(state.modelLine);
-    for (const id of Object.keys(state.statuses)) showStatus(id);
+    words.relabel();
     if (state.info) {
       options($("head"), state.info.n_head, "play.all_heads");
       if (!state.info.completions && !state.info.translate && !state.info.fill_mask) {
@@ -414,8 +361,7 @@
     state.info = info;
     document.body.dataset.ready = "true";
     $("keybox").hidden = !info.auth;
-    state.modelLine = ["play.model_line", { title: info.title, model: info.model }];
-    $("model").textContent = say(state.modelLine);
+    setStatus("model", ["play.model_line", { title: info.title, model: info.model }]);
     if (info.completions) {
       $("gpt").hidden = false;
       const cap = Math.min(info.max_tokens, 1024);
@@ -440,15 +386,15 @@
     } catch (e) {
       if (e.status === 401) {
         $("keybox").hidden = false;
-        state.modelLine = ["play.need_key"];
+        setStatus("model", ["play.need_key"]);
       } else {
-        state.modelLine = e.message;
+        setStatus("model", e.message);
       }
-      $("model").textContent = say(state.modelLine);
     }
   }
 
   wire();
+  setStatus("model", ["play.loading"]);
   relabel();
   start();
 })();
