@@ -1,10 +1,11 @@
 """--shard (FSDP2): 2 CPU processes (gloo) holding half of every parameter each train as DDP.
 
-The same 20 steps of a tiny GPT run under DDP straight through and under --shard in two
-halves (10 steps, then --resume with --grad_accum 2, which must not change the numbers), so
-one sharded run also checks the resume and the accumulation without a gradient sync: losses,
-weights and optimizer state must equal DDP's, and the checkpoint loads in one process.
-Launches are slow (each process imports torch): three, of two processes each.
+The same 20 steps of a tiny GPT run in one process with the global batch (which equals DDP:
+tests/test_distributed.py) and under --shard in two halves (10 steps, then --resume with
+--grad_accum 2, which must not change the numbers), so one sharded run also checks the resume
+and the accumulation without a gradient sync: losses, weights and optimizer state must equal
+the reference's, and the checkpoint loads in one process. Launches are slow (each process
+imports torch): two, of two processes each.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from safetensors.torch import load_file
 
 from minitransformer import load_checkpoint
 from minitransformer.cli import build_parser, main
-from minitransformer.config import TrainConfig, field_names
+from minitransformer.config import TrainConfig
 from minitransformer.errors import UserError
 from minitransformer.training import checkpoint as ckpt
 from minitransformer.training import distributed
@@ -58,7 +59,9 @@ def train_losses(out: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
-    torchrun(root / "ddp")
+    # the reference: one process with the same global batch, which equals DDP's run
+    # (tests/test_distributed.py), without a third launch
+    assert main(["train", *COMMON, "--out", str(root / "ddp")]) == 0
     torchrun(root / "shard", "--shard", "--max_iters", str(STEPS // 2))
     torchrun(root / "shard", "--shard", "--resume", "--grad_accum", "2")
     return root
@@ -115,8 +118,6 @@ def test_shard_without_torchrun_is_one_clear_line(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "run" / ckpt.CHECKPOINTS).exists()
 
 
-@pytest.mark.skipif("optimizer" not in field_names(TrainConfig),
-                    reason="TrainConfig has no optimizer field (no Muon) yet")
 def test_shard_refuses_an_optimizer_that_needs_whole_matrices(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")  # as under torchrun: the optimizer is the reason
