@@ -222,6 +222,8 @@ def test_api_key_queue_limit_and_disconnect(run):
             status, body = post(u, b'{"model": "tiny", "prompt": "a"}',
                                 {"Authorization": f"Bearer {key}"} if key else {})
             assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        status, _ = post(u, b'{"text": "To be"}', path="api/walkthrough")
+        assert status == 401  # the page's endpoints too
         c = openai.OpenAI(base_url=u + "v1", api_key="sekret", max_retries=0, timeout=30)
         stream = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1024, stream=True)
         next(iter(stream))
