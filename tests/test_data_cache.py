@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from minitransformer.cli import main
 from minitransformer.data.cache import cache_dir, cache_root, clear_cache
+from minitransformer.data.shards import TokenStream
+from minitransformer.families import FAMILIES
 
 FP = [{"path": "/a/b.txt", "bytes": 3, "sha256": "00" * 32}]
 
@@ -41,3 +47,96 @@ def test_clear_cache_removes_it_and_says_what_it_freed(monkeypatch, tmp_path):
     (folder / "tokens.bin").write_bytes(b"\0" * 2_000_000)
     assert clear_cache(lines.append) == 2_000_000
     assert not (tmp_path / "c").exists() and "2.0 MB freed" in lines[-1]
+
+
+# ---- train --data FILE: prepared into the cache, the same losses as the in-memory path -------
+
+ENGLISH = "To be, or not to be: that is the question.\r\nWhether 'tis nobler in the mind.\r\n" * 60
+DEBUG = ["--preset", "debug", "--block_size", "16", "--max_iters", "6", "--eval_interval", "3",
+         "--eval_iters", "2", "--sample_tokens", "0", "--quiet"]
+
+
+def _losses(run) -> list[str]:
+    rows = (run / "log.csv").read_text(encoding="utf-8").splitlines()
+    return [",".join(row.split(",")[:5]) for row in rows]  # no timings
+
+
+def _in_memory(monkeypatch):
+    """Yesterday's path, as the reference: the whole text read, newlines normalised, the
+    tokenizer fitted on it, ids in a tensor, split 90/10 by split_ids."""
+    import torch
+
+    from minitransformer.data import load_text, normalize_newlines, split_ids
+    from minitransformer.families.base import Prepared
+    from minitransformer.families.streams import StreamFamily
+    from minitransformer.tokenizers import fit_tokenizer
+
+    def prepare(self, source, encoding, fields, kind, source_tgt=None, newline=None):
+        text, _ = normalize_newlines(load_text(source, encoding), newline or "normalize")
+        tok = fit_tokenizer(kind or "char", text, fields.get("vocab_size"), self.special_tokens)
+        train, val = split_ids(torch.tensor(tok.encode(text), dtype=torch.long))
+        return Prepared(source, encoding, tok, {"source": source, "tokenizer": tok.kind},
+                        train, val, extra=self.tokenizer_extras(tok))
+
+    monkeypatch.setattr(StreamFamily, "prepare", prepare)
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_file_trains_from_the_cache_as_it_trained_in_memory(tmp_path, capsys, monkeypatch,
+                                                              tokenizer):
+    text = tmp_path / "t.txt"
+    text.write_bytes(ENGLISH.encode("utf-8"))  # CRLF: read as \n, as before
+    flags = [*DEBUG, "--tokenizer", tokenizer, *(["--vocab_size", "300"] if tokenizer == "bpe"
+                                                 else [])]
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "map"), *flags]) == 0
+    said = capsys.readouterr().out
+    assert f"into {cache_root()}" in said and "reusing it next time" in said
+    prepared = FAMILIES["gpt"].prepare(str(text), "utf-8", {"vocab_size": 300}, tokenizer)
+    assert "using the prepared cache" in capsys.readouterr().out  # the second time: read
+    assert isinstance(prepared.train_ids, TokenStream)
+    with monkeypatch.context() as m:
+        _in_memory(m)
+        assert main(["train", "--data", str(text), "--out", str(tmp_path / "mem"), *flags]) == 0
+    assert _losses(tmp_path / "map") == _losses(tmp_path / "mem")
+    tokens = [json.loads((tmp_path / r / "tokenizer.json").read_text(encoding="utf-8"))
+              for r in ("map", "mem")]
+    assert tokens[0] == tokens[1]
+
+
+def test_a_run_on_a_file_resumes_and_evaluates_anywhere_and_names_a_moved_source(
+        tmp_path, capsys, monkeypatch):
+    text = tmp_path / "data" / "t.txt"
+    text.parent.mkdir()
+    text.write_text(ENGLISH.replace("\r\n", "\n"), encoding="utf-8")
+    monkeypatch.chdir(text.parent)
+    assert main(["train", "--data", "t.txt", "--out", str(tmp_path / "run"), *DEBUG]) == 0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))["data"]
+    assert saved["source"] == str(text) and saved["sources"][0]["path"] == str(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    first = capsys.readouterr()
+    assert first.out.startswith("val loss") and not first.err  # read from the cache, silently
+    clear_cache(lambda line: None)  # a cleared cache is prepared again, the same ids
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    again = capsys.readouterr()
+    assert again.out == first.out and "prepared" in again.err
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--max_iters", "7",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    moved = tmp_path / "moved.txt"
+    text.rename(moved)
+    for argv in (["evaluate", str(tmp_path / "run")],
+                 ["train", "--out", str(tmp_path / "run"), "--resume", "--max_iters", "8"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert str(text) in err and "--data" in err and err.count("\n") == 1, err
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(moved)]) == 0
+    capsys.readouterr()
+    moved.write_text(ENGLISH.replace("\r\n", "\n").upper(), encoding="utf-8")
+    moved.rename(text)
+    assert main(["evaluate", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{text} changed" in err and "--data" in err and err.count("\n") == 1, err

@@ -13,16 +13,34 @@ finds its folder; a changed file, another tokenizer or another family gets a new
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from ..errors import UserError
+from ..io import atomic_write_json, read_json_object
+from ..tokenizers import CharTokenizer, fit_tokenizer
+from .prepare import CHAR_SEPARATOR
+from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_shards
+from .sources import TABLES, Document, fingerprint, read_documents, source_files
+from .text import BUNDLED, load_text, normalize_newlines
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock (torchrun's ranks still wait for local rank 0)
+    fcntl = None
 
 ENV = "MINITRANSFORMER_CACHE"
 TOKENS_DIR = "tokens"
+NOTE = "cache.json"  # beside the shards: what was asked for, and the CRLF count
 
 
 def cache_root() -> Path:
@@ -79,3 +97,171 @@ def clear_cache(echo=print) -> int:
         raise UserError(f"cannot remove the cache {root}: {e.strerror}") from None
     echo(f"removed the cache {root}: {freed / 1e6:,.1f} MB freed")
     return freed
+
+
+# ---- preparing into the cache (train --data file.txt) -------------------------------------
+
+@dataclass
+class Cached:
+    """A DATA_DIR in the cache: where it is, the CRLF line ends read as \\n, whether it was
+    there already."""
+
+    folder: Path
+    crlf: int
+    reused: bool
+
+
+def recorded_source(sources: list[str]) -> str | list[str]:
+    """What a run records as its data: bundled names as they are, paths and globs absolute
+    (so --resume and evaluate find them from any folder); one source stays a string."""
+    out = [s if s in BUNDLED else os.path.abspath(s) for s in sources]
+    return out[0] if len(out) == 1 else out
+
+
+def read_texts(files: list[Path], encoding: str, newline: str, counted: list[int],
+               progress=None):
+    """The documents as ``train`` reads them: a text file whole (``load_text``: empty,
+    binary and undecodable files refused), JSONL and tables a row each; line ends as
+    ``normalize_newlines`` leaves them (``counted`` gets each one's CR count)."""
+    for path in files:
+        if path.suffix.lower() in (".jsonl", *TABLES):
+            docs = read_documents([path], encoding=encoding)
+        else:
+            docs = [Document(load_text(str(path), encoding), str(path))]
+        for doc in docs:
+            text, crs = normalize_newlines(doc.text, newline)
+            counted.append(crs)
+            yield Document(text, doc.where)
+        if progress is not None:
+            progress(path.stat().st_size)
+
+
+def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
+    """(tokenizer, CR count): ``train``'s own fit (the sorted alphabet; BPE by
+    ``fit_tokenizer`` on the whole text), or a run's ``tokenizer`` checked on the text."""
+    counted: list[int] = []
+    docs = read_texts(files, encoding, newline, counted)
+    if tokenizer is not None and tokenizer.kind == "char":
+        known = set(tokenizer.chars)
+        for doc in docs:
+            if not set(doc.text) <= known:
+                tokenizer.encode(doc.text)  # raises UnknownCharactersError, naming them
+    elif tokenizer is not None:
+        for _ in docs:
+            pass
+    elif kind == "char":
+        alphabet: set[str] = set()
+        for i, doc in enumerate(docs):
+            alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
+        tokenizer = CharTokenizer(sorted(alphabet))
+    else:
+        text = "\n".join(doc.text for doc in docs)
+        tokenizer = fit_tokenizer(kind, text, vocab, *((special_tokens,) if special_tokens
+                                                       else ()))
+    return tokenizer, sum(counted)
+
+
+def _waiting_rank() -> bool:
+    """Whether this process is one of torchrun's ranks that wait while local rank 0
+    prepares (each machine's rank 0 prepares into its own cache folder)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
+        os.environ.get("LOCAL_RANK", "0") != "0"
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Hold ``folder``'s lock file (two runs, or two machines sharing the cache, prepare one
+    folder once); a no-op where ``fcntl`` is missing."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "a+b") as f:
+        if fcntl is not None:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | None = None,
+                   encoding: str = "utf-8", newline: str = "normalize", tokenizer=None,
+                   echo=print, say_reused: bool = True) -> Cached:
+    """The cache's DATA_DIR for ``sources`` read as ``train`` reads them, prepared now unless
+    it is there. ``family``: {name, special_tokens, separator (between BPE documents)};
+    ``tokenizer``: a run's own (resume, evaluate, --init_from) instead of a fresh fit;
+    ``say_reused``: whether to say that the folder was there."""
+    files = source_files(sources)
+    prints = fingerprint(files)
+    asked = {"kind": kind, "vocab_size": vocab} if tokenizer is None else \
+        {"json": hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True)
+                                .encode("utf-8")).hexdigest()}
+    folder = cache_dir(prints, {**asked, "encoding": encoding, "newline": newline}, family,
+                       FORMAT_VERSION)
+    if _waiting_rank():
+        while not is_prepared(folder):
+            time.sleep(0.2)
+        return Cached(folder, _crlf(folder), True)
+    with _locked(folder):
+        if is_prepared(folder):
+            if say_reused:
+                echo(f"using the prepared cache {folder}")
+            return Cached(folder, _crlf(folder), True)
+        fitted, crlf = _fit(files, encoding, newline, kind, vocab,
+                            tuple(family.get("special_tokens", ())), tokenizer)
+        separator = CHAR_SEPARATOR if fitted.kind == "char" else family.get("separator", "")
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / NOTE, {"sources": sources, "crlf": crlf})
+        with tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True,
+                  desc="prepare", disable=not sys.stderr.isatty() or None) as bar:
+            texts = read_texts(files, encoding, newline, [], bar.update)
+            manifest = write_shards(texts, fitted, folder, prints, separator=separator)
+    echo(f"prepared {manifest['tokens']:,} tokens of {', '.join(sources)} into {folder}; "
+         f"reusing it next time")
+    return Cached(folder, crlf, False)
+
+
+def _crlf(folder: Path) -> int:
+    try:
+        return int(read_json_object(folder / NOTE).get("crlf", 0))
+    except (UserError, TypeError, ValueError):
+        return 0
+
+
+def find_cached(key: str | None, tokenizer) -> Cached | None:
+    """The cached folder a run recorded (``cache`` in its config.json), if it is still there
+    and holds the run's tokenizer; else None (it is prepared again)."""
+    if not key:
+        return None
+    folder = cache_root() / TOKENS_DIR / key
+    if not is_prepared(folder):
+        return None
+    try:
+        if read_json_object(folder / TOKENIZER) != tokenizer.to_dict():
+            return None
+    except UserError:
+        return None
+    return Cached(folder, _crlf(folder), True)
+
+
+def check_sources(data: dict, sources: list[str]) -> None:
+    """The sources a run recorded are where they were, as they were; else a UserError naming
+    the one that moved or changed (and --data to point at it)."""
+    recorded = data.get("sources")
+    if not recorded:
+        return  # a run from before fingerprints were recorded
+    try:
+        now = fingerprint(source_files(sources))
+    except UserError:
+        raise UserError(f"this run was trained on {', '.join(sources)}, which is not there "
+                        f"any more (moved?); pass --data to point at it") from None
+    old_paths = [r.get("path") for r in recorded]
+    for path in old_paths:
+        if path not in {n["path"] for n in now}:
+            raise UserError(f"this run was trained on {path}, which is not there any more; "
+                            f"pass --data to point at it")
+    for old, new in zip(recorded, now, strict=False):
+        if (old.get("bytes"), old.get("sha256")) != (new["bytes"], new["sha256"]):
+            size = f"{old.get('bytes')} bytes then, {new['bytes']} now" \
+                if old.get("bytes") != new["bytes"] else "another SHA-256"
+            raise UserError(f"{new['path']} changed since this run was trained on it ({size}); "
+                            f"pass --data to point at the text it was trained on")
+    if len(now) != len(recorded):
+        raise UserError(f"{', '.join(sources)} now holds {len(now)} files, the run was trained "
+                        f"on {len(recorded)}; pass --data to point at the text it was "
+                        f"trained on")

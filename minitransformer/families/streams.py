@@ -4,17 +4,35 @@ and measure val loss on random windows of the context."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 
 from ..data import check_length, load_text, normalize_newlines, split_ids
+from ..data.cache import (
+    Cached,
+    check_sources,
+    find_cached,
+    prepare_cached,
+    recorded_source,
+)
 from ..data.prepare import prepare_corpus
-from ..data.shards import is_prepared, open_shards
-from ..tokenizers import fit_tokenizer, load_tokenizer
+from ..data.shards import TOKENIZER, is_prepared, open_shards
+from ..errors import UserError
+from ..tokenizers import load_tokenizer
 from ..training.device import pick_dtype
 from ..training.trainer import estimate_loss
 from .base import Family, NotApplicable, Prepared, data_source, train_config
+
+
+def as_sources(source: str | list[str]) -> list[str]:
+    """--data as a list (a run's config.json holds one source as a string)."""
+    return [source] if isinstance(source, str) else list(source)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 class StreamFamily(Family):
@@ -28,31 +46,79 @@ class StreamFamily(Family):
         """Ids the family adds beside the tokenizer's own (the encoder's [MASK])."""
         return {}
 
-    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
+    def cache_family(self) -> dict:
+        """What of the family decides a cached folder's tokens (part of its key)."""
+        return {"name": self.name, "special_tokens": list(self.special_tokens),
+                "separator": self.bpe_separator}
+
+    def prepare(self, source: str | list[str], encoding: str, fields: dict, kind: str | None,
                 source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+        """A DATA_DIR as it is; any other source (files, folders, globs, JSONL, tables, several
+        of them) prepared into the cache once, then read from there as a DATA_DIR is."""
         if source_tgt:
             raise NotApplicable(f"--data_tgt is for sentence pairs; a {self.title} reads one "
                                 f"text (--model seq2seq translates)")
-        if is_prepared(source):
-            return self._open_prepared(source, kind, fields)
+        sources = as_sources(source)
+        if len(sources) == 1 and is_prepared(sources[0]):
+            return self._open_prepared(sources[0], kind, fields)
         kind = kind or "char"
-        text, crlf = normalize_newlines(load_text(source, encoding), newline or "normalize")
         vocab = fields.get("vocab_size") if kind != "char" else None
-        tokenizer = fit_tokenizer(kind, text, vocab, *(
-            (self.special_tokens,) if self.special_tokens else ()))
-        return self._encode(text, tokenizer, source, encoding, newline or "normalize", crlf)
+        mode = newline or "normalize"
+        cached = prepare_cached(sources, self.cache_family(), kind, vocab, encoding, mode)
+        return self._open_cached(cached, sources, encoding, mode)
 
-    def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
+    def reopen(self, meta: dict, tokenizer, source: str | list[str], encoding: str,
                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
-        if is_prepared(source):
-            prepared = self._open_prepared(source, None, {})
-            if prepared.tokenizer.to_dict() != tokenizer.to_dict():
-                raise NotApplicable(f"{source} was prepared with another tokenizer than this "
-                                    f"run's; prepare the data with the run's tokenizer")
-            return prepared
-        mode = newline or meta.get("data", {}).get("newline", "normalize")
-        text, crlf = normalize_newlines(load_text(source, encoding), mode)
-        return self._encode(text, tokenizer, source, encoding, mode, crlf)
+        sources = as_sources(source)
+        data = meta.get("data", {})
+        if len(sources) == 1 and (is_prepared(sources[0]) or (
+                data.get("prepared") and source == data.get("source"))):
+            return self._reopen_prepared(sources[0], tokenizer, data)
+        mode = newline or data.get("newline", "normalize")
+        if not hasattr(tokenizer, "to_dict"):  # a Hugging Face folder's: encoded in memory
+            if len(sources) > 1:
+                raise NotApplicable("--init_from a Hugging Face folder reads one text file")
+            text, crlf = normalize_newlines(load_text(sources[0], encoding), mode)
+            return self._encode(text, tokenizer, sources[0], encoding, mode, crlf)
+        if source == data.get("source"):
+            check_sources(data, sources)
+        cached = find_cached(data.get("cache"), tokenizer) if source == data.get("source") \
+            else None
+        cached = cached or prepare_cached(sources, self.cache_family(), tokenizer.kind, None,
+                                          encoding, mode, tokenizer=tokenizer, echo=_stderr,
+                                          say_reused=False)
+        return self._open_cached(cached, sources, encoding, mode, tokenizer)
+
+    def _reopen_prepared(self, folder: str, tokenizer, data: dict) -> Prepared:
+        if not is_prepared(folder):
+            raise UserError(f"this run was trained on the prepared data {folder}, which is not "
+                            f"there any more; pass --data to point at it (or prepare it again)")
+        prepared = self._open_prepared(folder, None, {})
+        if prepared.tokenizer.to_dict() != tokenizer.to_dict():
+            raise NotApplicable(f"{folder} was prepared with another tokenizer "
+                                f"({prepared.tokenizer.kind}, {prepared.tokenizer.vocab_size:,} "
+                                f"ids) than this run's ({tokenizer.kind}, "
+                                f"{tokenizer.vocab_size:,} ids); prepare the data with the "
+                                f"run's tokenizer, or pass --data with a text file")
+        return prepared
+
+    def _open_cached(self, cached: Cached, sources: list[str], encoding: str, mode: str,
+                     tokenizer=None) -> Prepared:
+        """A cached DATA_DIR read as the sources themselves: config.json names the sources
+        (absolute, with their fingerprints), not the cache."""
+        manifest, train_ids, val_ids = open_shards(cached.folder)
+        tokenizer = tokenizer or load_tokenizer(cached.folder / TOKENIZER)
+        data_meta = {"source": recorded_source(sources), "encoding": encoding,
+                     "tokenizer": tokenizer.kind, "newline": mode,
+                     "sources": manifest.get("sources", []), "cache": cached.folder.name}
+        note = f"; {cached.crlf:,} CRLF line ends read as \\n (--newline keep keeps them)" \
+            if cached.crlf else ""
+        docs = f" in {manifest['documents']:,} documents" if manifest["documents"] > 1 else ""
+        return Prepared(", ".join(sources), encoding, tokenizer, data_meta, train_ids, val_ids,
+                        extra=self.tokenizer_extras(tokenizer),
+                        summary=f"{manifest['tokens']:,} tokens{docs} ({tokenizer.kind} "
+                                f"tokenizer), {len(train_ids):,} train / {len(val_ids):,} "
+                                f"val{note}")
 
     def _open_prepared(self, source: str, kind: str | None, fields: dict) -> Prepared:
         """A DATA_DIR written by ``prepare``: its tokenizer and memory-mapped splits."""
