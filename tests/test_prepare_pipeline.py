@@ -56,7 +56,7 @@ def _folder(tmp_path, docs):
 def small_blocks(monkeypatch):
     """Blocks and pieces of a few dozen bytes: lines, characters and pieces cross them."""
     monkeypatch.setattr(reading, "BLOCK_BYTES", 37)
-    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 53 for k in shards.PIECE_CHARS})
+    monkeypatch.setattr(shards, "PIECE_BYTES", {k: 53 for k in shards.PIECE_BYTES})
 
 
 @pytest.mark.parametrize("kind", ["bpe-bytes", "bpe-chars"])
@@ -88,14 +88,15 @@ def test_a_sample_is_spread_over_the_whole_corpus():
     assert 95 <= len(numbers) <= 105 and numbers[0] < 20 and numbers[-1] > 980
 
 
-@pytest.mark.parametrize("kind", ["bpe-bytes", "bpe-chars"])
+@pytest.mark.parametrize("kind", ["bpe-bytes", "bpe-chars", "char"])
 def test_pieces_cut_where_the_pretokenizer_cuts_give_the_whole_texts_ids(kind):
     text = "\n".join(_docs(6, seed=2))
     tok = fit_tokenizer(kind, text, 400, GPT_SPECIALS, echo=None)
-    spec = {**encoder_spec(tok), "kind": "hf"}
-    texts = [(i == 0, text[i:i + 29]) for i in range(0, len(text), 29)]
-    pieces = [p for _, p in cut_pieces(texts, encode.cut_mode(tok), "", 41)]
-    assert len(pieces) > 20 and "".join(pieces) == text
+    spec = {**encoder_spec(tok), "kind": "hf" if kind != "char" else "char"}
+    data = text.encode("utf-8")
+    blocks_ = [(i == 0, data[i:i + 29]) for i in range(0, len(data), 29)]  # cuts characters
+    pieces = [p for _, p in cut_pieces(blocks_, encode.cut_mode(tok), b"", 41)]
+    assert len(pieces) > 20 and b"".join(pieces) == data
     ids = np.concatenate([make_encoder(spec)(p) for p in pieces])
     assert ids.tolist() == tok.encode(text)
 
@@ -121,7 +122,7 @@ def test_char_table_lookup_equals_the_tokenizer_and_names_an_unseen_character():
 
 
 def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 97 for k in shards.PIECE_CHARS})
+    monkeypatch.setattr(shards, "PIECE_BYTES", {k: 97 for k in shards.PIECE_BYTES})
     folder = _folder(tmp_path, _docs(5, seed=5))
     out = {}
     for workers in (1, 3):
@@ -132,20 +133,22 @@ def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypa
     pool = EncoderPool({"kind": "char", "chars": list("ab"), "dtype": "uint16",
                         "vocab_size": 2}, 2)
     with pool:
-        got = [(a.tolist(), c.tolist()) for a, c in pool.map(["ab" * i + "b" for i in range(30)])]
+        got = [(a.tolist(), c.tolist()) for a, c in pool.map([b"ab" * i + b"b"
+                                                              for i in range(30)])]
     assert got == [([0, 1] * i + [1], [i, i + 1]) for i in range(30)]
 
 
 def _prepare(args):
     source, out = args
-    prepare_corpus([source], out, "char", None, workers=2, echo=lambda _: None)
+    prepare_corpus([source], out, "bpe-bytes", 300, special_tokens=GPT_SPECIALS, workers=2,
+                   echo=lambda _: None)
 
 
 def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tmp_path,
                                                                               monkeypatch):
-    monkeypatch.setattr(shards, "PIECE_CHARS", {k: 1 << 16 for k in shards.PIECE_CHARS})
+    monkeypatch.setattr(shards, "PIECE_BYTES", {k: 1 << 16 for k in shards.PIECE_BYTES})
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(_docs(400, seed=6)) * 4, encoding="utf-8")  # about 4 MB
+    corpus.write_text("\n".join(_docs(400, seed=6)), encoding="utf-8")  # about 1 MB
     start = time.perf_counter()
     _prepare((str(corpus), tmp_path / "whole"))
     took = time.perf_counter() - start
@@ -160,7 +163,8 @@ def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tm
         assert (out / TOKENS).read_bytes() == (tmp_path / "whole" / TOKENS).read_bytes()
     else:
         assert not (out / TOKENIZER).exists() or (out / PARTIAL).exists()
-        assert main(["prepare", "--data", str(corpus), "--out", str(out), "--workers", "2"]) == 0
+        assert main(["prepare", "--data", str(corpus), "--out", str(out), "--workers", "2",
+                     "--tokenizer", "bpe-bytes", "--vocab_size", "300"]) == 0
     for name in (TOKENS, TOKENIZER):
         assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
     whole = json.loads((tmp_path / "whole" / MANIFEST).read_text("utf-8"))

@@ -42,8 +42,9 @@ def add_parser(sub) -> None:
                    help="undecodable bytes: stop (strict), replace them, or skip the file "
                         "(default strict)")
     p.add_argument("--workers", type=positive_int, default=None,
-                   help="processes that encode the text, in parallel, output in input order "
-                        "(default: the CPU count, at most 8)")
+                   help="processes that encode BPE, in parallel, output in input order; "
+                        "characters are looked up in this process (default: the CPU count, "
+                        "at most 8)")
     p.add_argument("--bpe_sample", type=positive_int, default=None, metavar="MB",
                    help="megabytes of text BPE is trained on, spread evenly over the sources; "
                         "a corpus this size or smaller is seen whole (default 16)")

@@ -103,6 +103,34 @@ def _with_end(raws: Iterator[bytes]) -> Iterator[bytes]:
     yield b""  # the decoder's final call
 
 
+def byte_blocks(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
+                errors: str = "strict") -> Iterator[tuple[bool, bytes, int]]:
+    """``blocks`` as UTF-8 bytes. A UTF-8 text file read strictly is passed on as read (its
+    bytes were checked by the first pass; a BOM is dropped), not decoded and encoded again."""
+    raw_ok = errors in ("strict", "skip") and _codec(encoding) == "utf-8"
+    for path in files:
+        if raw_ok and is_text_file(path):
+            if errors == "skip" and not _decodes(path, encoding):
+                continue
+            first = True
+            for raw in _with_end(_raw_blocks(path)):
+                if first:
+                    raw = raw.removeprefix(b"\xef\xbb\xbf")
+                if first or raw:
+                    yield first, raw, len(raw)
+                first = False
+            continue
+        for new_doc, text, size in blocks([path], text_field, encoding, errors):
+            yield new_doc, text.encode("utf-8", "surrogatepass"), size
+
+
+def _codec(encoding: str) -> str:
+    try:
+        return codecs.lookup(encoding).name
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
+
+
 def lines(blocks_: Iterable[tuple[bool, str, int]]) -> Iterator[str]:
     """The lines of the documents joined by "\\n" (``str.splitlines(keepends=True)`` of that
     text), from its blocks: a line cut between blocks is joined again, and a "\\r" at a

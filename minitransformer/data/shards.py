@@ -35,8 +35,8 @@ FORMAT_VERSION = 1
 MANIFEST, TOKENS, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer.json"
 PARTIAL = ".partial"  # an unfinished prepare's files, never read; the next prepare removes it
 STARTS = "starts.bin"  # in PARTIAL: where each document starts (int64), for the val split
-# characters per encoded piece, by where a piece may be cut (encode.safe_cut)
-PIECE_CHARS = {"any": 1 << 22, "bytes": 1 << 20, "lines": 1 << 20, "never": 1 << 20}
+# bytes per encoded piece, by where a piece may be cut (encode.safe_cut)
+PIECE_BYTES = {"any": 1 << 22, "bytes": 1 << 20, "lines": 1 << 20, "never": 1 << 20}
 
 
 def is_prepared(path) -> bool:
@@ -139,18 +139,19 @@ def write_ids(pieces: Iterable[tuple[bool, np.ndarray, np.ndarray | None]], toke
     return writer.finish(sources, val_fraction)
 
 
-def write_stream(texts: Iterable[tuple[bool, str]], tokenizer, out_dir, sources: list[dict],
+def write_stream(texts: Iterable[tuple[bool, bytes]], tokenizer, out_dir, sources: list[dict],
                  val_fraction: float = 0.1, separator: str = "", workers: int = 1,
                  spec: dict | None = None) -> dict:
-    """Encode ``texts`` ((begins a document, text) blocks in order; ``separator`` before every
-    document but the first) with ``workers`` processes into ``out_dir``; the manifest.
+    """Encode ``texts`` ((begins a document, UTF-8 bytes) blocks in order; ``separator`` before
+    every document but the first) with ``workers`` processes into ``out_dir``; the manifest.
 
     ``spec``: the encoder (``encode.choose_encoder``'s), else the tokenizer's own."""
     check_val_fraction(val_fraction)
     mode, flags = cut_mode(tokenizer), deque()
 
     def pieces():
-        for new_document, piece in cut_pieces(texts, mode, separator, PIECE_CHARS[mode]):
+        for new_document, piece in cut_pieces(texts, mode, separator.encode("utf-8"),
+                                              PIECE_BYTES[mode]):
             flags.append(new_document)
             yield piece
 
@@ -173,7 +174,7 @@ def write_shards(documents, tokenizer, out_dir, sources: list[dict], val_fractio
         for doc in documents:
             if progress is not None:
                 progress(len(doc.text))
-            yield True, doc.text
+            yield True, doc.text.encode("utf-8", "surrogatepass")
     return write_stream(texts(), tokenizer, out_dir, sources, val_fraction, separator, workers)
 
 
