@@ -140,3 +140,31 @@ def test_a_run_on_a_file_resumes_and_evaluates_anywhere_and_names_a_moved_source
     assert main(["evaluate", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert f"{text} changed" in err and "--data" in err and err.count("\n") == 1, err
+
+
+def test_several_sources_are_prepared_together_in_order(tmp_path, capsys):
+    from minitransformer.cli import build_parser
+    from minitransformer.cli.train import data_flag
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    a.write_text(ENGLISH.replace("\r\n", "\n"), encoding="utf-8")
+    b.write_text("".join(json.dumps({"text": "从前有座山，山里有座庙。\n" * 20}, ensure_ascii=False)
+                         + "\n" for _ in range(3)), encoding="utf-8")
+    parse = build_parser().parse_args
+    for argv in (["--data", str(a), str(b)], ["--data", str(a), "--data", str(b)]):
+        assert data_flag(parse(["train", *argv, "--out", "x"]).data) == [str(a), str(b)]
+    assert data_flag(parse(["train", "--data", str(a), "--out", "x"]).data) == str(a)
+    assert main(["train", "--data", str(a), str(b), "--out", str(tmp_path / "run"),
+                 *DEBUG]) == 0
+    assert f"of {a}, {b} into" in capsys.readouterr().out
+    data = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))["data"]
+    assert data["source"] == [str(a), str(b)]  # several: a list; one stays a string
+    assert [s["path"] for s in data["sources"]] == [str(a), str(b)]
+    prepared = FAMILIES["gpt"].prepare([str(a), str(b)], "utf-8", {}, None)
+    assert "using the prepared cache" in capsys.readouterr().out
+    ids = prepared.train_ids.tolist() + prepared.val_ids.tolist()
+    docs = [ENGLISH.replace("\r\n", "\n"), *["从前有座山，山里有座庙。\n" * 20] * 3]
+    assert prepared.tokenizer.decode(ids) == "\n\n".join(docs)
+    val = prepared.tokenizer.decode(prepared.val_ids.tolist())  # whole documents, the last too
+    assert val in {"".join("\n\n" + d for d in docs[i:]) for i in (1, 2, 3)}
+    assert main(["evaluate", str(tmp_path / "run")]) == 0

@@ -47,9 +47,14 @@ def add_parser(sub) -> None:
                     "shown are those of the default preset, cpu-small, of the GPT family "
                     "(fields of the other families: their own cpu-small); every preset's "
                     "values: minitransformer presets. A flag given wins over the preset.")
-    t.add_argument("--data", help="corpus: a bundled name (shakespeare, tang, sayings, "
-                   "bible_en_es) or a path (default shakespeare; bible_en_es for seq2seq; on "
-                   "--resume, the run's own corpus)")
+    t.add_argument("--data", action="extend", nargs="+", metavar="CORPUS",
+                   help="corpus: a bundled name (shakespeare, tang, sayings, bible_en_es), a "
+                        "text file, a folder, a glob, JSONL, Parquet, a datasets save_to_disk "
+                        "folder, or a DATA_DIR from prepare; several (--data A B, or --data "
+                        "given again) are prepared together, in that order. Anything but a "
+                        "DATA_DIR is prepared once into the cache (see docs/data.md) and read "
+                        "from there (default shakespeare; bible_en_es for seq2seq; on "
+                        "--resume, the run's own corpus)")
     t.add_argument("--data_tgt", default=None, metavar="FILE",
                    help="seq2seq from two aligned files: --data has the source sentences, "
                         "--data_tgt the target sentences, one per line")
@@ -93,10 +98,18 @@ def preset_defaults() -> dict:
     return shown
 
 
+def data_flag(given: list[str] | None) -> str | list[str] | None:
+    """--data as the request holds it: one source a string (as config.json records it)."""
+    if not given:
+        return None
+    return given[0] if len(given) == 1 else list(given)
+
+
 def cmd_train(args) -> int:
     classes = [cls for cls, _ in CONFIG_GROUPS]
     request = TrainRequest(
-        out=Path(args.out), model=args.model, data=args.data, data_tgt=args.data_tgt,
+        out=Path(args.out), model=args.model, data=data_flag(args.data),
+        data_tgt=args.data_tgt,
         encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
         newline=args.newline,
         fields=config_values(args, classes), resume=args.resume, force=args.force,

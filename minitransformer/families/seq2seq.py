@@ -64,6 +64,8 @@ class Seq2SeqFamily(Family):
 
     def claims(self, source: str | None, source_tgt: str | None) -> bool:
         """Sentence pairs imply this family: two aligned files, or a .tsv corpus."""
+        if not isinstance(source, (str, type(None))):
+            return False  # several --data: token streams
         return bool(source_tgt) or BUNDLED.get(source or "", source or "").endswith(".tsv")
 
     def _data_config(self, fields: dict) -> ParallelDataConfig:
@@ -75,6 +77,9 @@ class Seq2SeqFamily(Family):
 
     def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
                 source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+        if not isinstance(source, str):
+            raise NotApplicable("the encoder-decoder reads one parallel corpus: give --data "
+                                "once (and --data_tgt for two aligned files)")
         if newline == "keep":
             raise NotApplicable("--newline keep does not apply to sentence pairs: they are "
                                 "read one per line")
