@@ -258,7 +258,8 @@ def test_inspect_sees_a_position_through_the_window_that_ends_there(url, run):
 
 def test_the_walkthrough_endpoint_and_its_page(url, run):
     """/api/walkthrough (in /openapi.json) keeps a walkthrough and gives its page's URL; the
-    page links the walkthrough's own assets; too long a text and an unknown ID are errors."""
+    page links the walkthrough's own assets and the packaged CJK font's face; too long a text
+    and an unknown ID are errors."""
     with urllib.request.urlopen(url + "openapi.json", timeout=10) as r:
         assert "/api/walkthrough" in json.loads(r.read())["paths"]
     status, body = post(url, json.dumps({"text": PROMPT, "lang": "zh"}).encode(),
@@ -270,6 +271,11 @@ def test_the_walkthrough_endpoint_and_its_page(url, run):
     assert '<html lang="zh-CN">' in page and '<script src="/assets/explain.js">' in page
     with urllib.request.urlopen(url + "assets/explain.js", timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/javascript")
+    assert '<link rel="stylesheet" href="/assets/fonts.css">' in page
+    with urllib.request.urlopen(url + "assets/fonts.css", timeout=10) as r:
+        assert 'src: url("/assets/cjk.otf")' in r.read().decode()
+    with urllib.request.urlopen(url + "assets/cjk.otf", timeout=10) as r:
+        assert r.headers["Content-Type"] == "font/otf" and r.read(4) == b"OTTO"  # OpenType
     status, body = post(url, json.dumps({"text": TINY_TEXT[:80]}).encode(),
                         path="api/walkthrough")
     assert status == 400 and "at most" in body["error"]["message"]

@@ -15,9 +15,10 @@ from __future__ import annotations
 from importlib import resources
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from ..viz import page as walk_page
+from ..viz.fonts import cjk_font_file
 from ..viz.i18n import HTML_LANG, page_catalogues
 from ..viz.trace import token_labels
 from . import walkthrough
@@ -26,12 +27,26 @@ from .probes import encode, fill_mask, fills_masks, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
 ASSETS = {"playground.js": "text/javascript", "playground-words.js": "text/javascript",
-          "playground.css": "text/css", **walk_page.ASSETS}
+          "playground.css": "text/css", "fonts.css": "text/css", **walk_page.ASSETS}
+FONT = "cjk.otf"  # the packaged CJK font, for machines with none of their own
+# Where the font face applies: CJK, Hangul, full-width forms (Latin text keeps its own font).
+CJK_RANGE = "U+2E80-9FFF, U+AC00-D7AF, U+F900-FAFF, U+FE30-FE4F, U+FF00-FFEF, U+20000-2FFFF"
+
+
+def fonts_css() -> str:
+    """The font face of the pages' stacks that holds Chinese characters: the packaged CJK
+    font, fetched by a browser only for characters no font before it in the stack has."""
+    if cjk_font_file() is None:
+        return "/* no CJK font in this install: the system's own fonts are used */\n"
+    return (f'@font-face {{ font-family: "{walk_page.WEBFONT}"; src: url("/assets/{FONT}") '
+            f'format("opentype"); unicode-range: {CJK_RANGE}; }}\n')
 
 
 def _read(name: str) -> str:
     if name in walk_page.ASSETS:  # the walkthrough's own files, as the offline page inlines
         return walk_page.asset(name)
+    if name == "fonts.css":
+        return fonts_css()
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
@@ -58,6 +73,9 @@ def router(run, settings, worker, authorized) -> APIRouter:
 
     @r.get("/assets/{name}", include_in_schema=False)
     async def asset(name: str):
+        if name == FONT and cjk_font_file() is not None:  # a package's file, never the URL's
+            return FileResponse(cjk_font_file(), media_type="font/otf",
+                                headers={"Cache-Control": "max-age=86400"})
         if name not in assets:
             raise APIError(404, f"no asset {name!r}", None, "not_found")
         return Response(assets[name], media_type=ASSETS[name])

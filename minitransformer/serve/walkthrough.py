@@ -55,8 +55,8 @@ def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
     except UserError as e:  # text too long for the page, characters the tokenizer lacks
         raise APIError(400, f"text: {e}", "text", "bad_text") from None
     tokens = next(b["tokens"] for b in doc["steps"][0]["blocks"] if b["kind"] == "tokens")
-    return render_page(doc, lang, assets="/assets/"), {"steps": len(doc["steps"]),
-                                                       "tokens": tokens}
+    page = render_page(doc, lang, assets="/assets/", extra_css=("fonts.css",))
+    return page, {"steps": len(doc["steps"]), "tokens": tokens}
 
 
 def add_routes(page_router: APIRouter, api: APIRouter, run, worker, lang: str) -> None:

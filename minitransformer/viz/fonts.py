@@ -50,6 +50,11 @@ def _packaged_cjk_font() -> str | None:
         return None
 
 
+def cjk_font_file() -> str | None:
+    """The packaged CJK font's file (an OpenType font of about 16 MB), or None without it."""
+    return _packaged_cjk_font()
+
+
 @functools.cache
 def _candidates() -> tuple[str, ...]:
     """Font files to try for characters DejaVu Sans lacks, best first."""

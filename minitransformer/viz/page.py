@@ -124,28 +124,31 @@ def _inline(doc: dict) -> dict:
             "script": f"<script>\n{asset('explain.js')}\n</script>"}
 
 
-def _linked(base: str) -> dict:
+def _linked(base: str, extra_css: tuple[str, ...]) -> dict:
     base = html.escape(base)
-    return {"csp": SERVED_CSP, "icon": "",
-            "styles": f'<link rel="stylesheet" href="{base}explain.css">',
+    links = [f'<link rel="stylesheet" href="{base}{html.escape(name)}">'
+             for name in ("explain.css", *extra_css)]
+    return {"csp": SERVED_CSP, "icon": "", "styles": "\n".join(links),
             "script": f'<script src="{base}explain.js"></script>'}
 
 
-def render_page(doc: dict, lang: str | None = None, assets: str | None = None) -> str:
+def render_page(doc: dict, lang: str | None = None, assets: str | None = None,
+                extra_css: tuple[str, ...] = ()) -> str:
     """The HTML text of a walkthrough described by ``doc`` (title, steps, blocks), opening in
     ``lang`` (default: the doc's own, else English).
 
     ``assets``: a URL prefix such as ``"/assets/"`` from which the page loads ``explain.css``
-    and ``explain.js`` (a served page, under a CSP without inline script or style; CJK text
-    then takes the stylesheet's font stack, not an embedded subset). Default: both inline, one
-    self-contained file."""
+    and ``explain.js`` (a served page, under a CSP without inline script or style), and the
+    stylesheets named in ``extra_css`` from there too (the server's font faces: CJK text then
+    takes the font stack, not an embedded subset). Default: all inline, one self-contained
+    file."""
     lang = _check_lang(lang or doc.get("lang") or "en")
     other = next(x for x in LANGS if x != lang)
     doc = {**doc, "lang": lang, "i18n": page_catalogues()}
     ui = {k: html.escape(render(msg(f"ui.{k}"), lang)) for k in
           ("toolbar", "prev", "next", "autoplay", "layer", "head", "noscript")}
     ui["switch"] = html.escape(render(msg("ui.switch", name=LANG_NAMES[other]), lang))
-    parts = _inline(doc) if assets is None else _linked(assets)
+    parts = _inline(doc) if assets is None else _linked(assets, extra_css)
     return TEMPLATE.format(title=html.escape(render(doc.get("title", "walkthrough"), lang)),
                            html_lang=HTML_LANG[lang], ui=ui, other=LANG_NAMES[other],
                            data=embed_json(doc), **parts)
