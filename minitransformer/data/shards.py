@@ -8,8 +8,12 @@
 
 The val split is the last ``val_fraction`` of the ids (nanoGPT's and ``split_ids``' split) for
 one document; for several, it starts at the first document boundary at or after that point,
-so no document is cut in two (the last document always goes to val). ``manifest.json`` is
-written last, atomically: a folder without it is an unfinished prepare and is never read.
+so no document is cut in two (the last document always goes to val).
+
+Writing is kill-safe: the ids grow in DATA_DIR/.partial/ (with each document's start), and
+only at the end are tokens.bin and tokenizer.json moved into place, .partial removed, and
+``manifest.json`` written, last and atomically. A folder without it is an unfinished
+prepare and is never read; the next prepare into it (no --force needed) starts it over.
 
 Training reads random windows through ``TokenStream`` (no copy of the corpus in memory, and
 every process under torchrun maps the same file).
