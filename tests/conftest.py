@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from minitransformer.models import GPT
 # inherit the variable; set OMP_NUM_THREADS yourself to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+_CACHE = tempfile.mkdtemp(prefix="minitransformer-cache-")  # see _cache below
+os.environ["MINITRANSFORMER_CACHE"] = _CACHE
 
 # A few KB of plain English: enough for the debug preset's context (32) in the 10% val split.
 TINY_TEXT = "\n".join(
@@ -29,15 +32,12 @@ TINY_TEXT = "\n".join(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _cache(tmp_path_factory):
-    """The implicit data cache lives in a per-session temp folder: no test writes to home."""
-    old = os.environ.get("MINITRANSFORMER_CACHE")
-    os.environ["MINITRANSFORMER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+def _cache():
+    """The implicit data cache lives in a temp folder for the session: no test writes to the
+    home folder. It is set when this file is imported, before the test modules that copy
+    os.environ for their subprocesses; removed at the end."""
     yield
-    if old is None:
-        os.environ.pop("MINITRANSFORMER_CACHE", None)
-    else:
-        os.environ["MINITRANSFORMER_CACHE"] = old
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -168,3 +168,32 @@ def test_several_sources_are_prepared_together_in_order(tmp_path, capsys):
     val = prepared.tokenizer.decode(prepared.val_ids.tolist())  # whole documents, the last too
     assert val in {"".join("\n\n" + d for d in docs[i:]) for i in (1, 2, 3)}
     assert main(["evaluate", str(tmp_path / "run")]) == 0
+
+
+def test_torchruns_other_ranks_wait_while_local_rank_0_prepares(tmp_path, monkeypatch):
+    import threading
+
+    from minitransformer.data import cache
+
+    for env, waits in (({"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, True),
+                       ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, False), ({}, False)):
+        for key in ("WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert cache._waiting_rank() is waits
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH, encoding="utf-8")
+    family = {"name": "gpt", "special_tokens": [], "separator": ""}
+    monkeypatch.setattr(cache, "_waiting_rank", lambda: threading.current_thread().name == "r1")
+    got = {}
+    other = threading.Thread(name="r1", target=lambda: got.setdefault(
+        "r1", cache.prepare_cached([str(text)], family, "char", echo=print)))
+    other.start()
+    other.join(0.6)
+    assert other.is_alive() and not list((cache_root() / "tokens").glob("*/manifest.json"))
+    first = cache.prepare_cached([str(text)], family, "char", echo=lambda line: None)
+    other.join(5)
+    assert not other.is_alive() and got["r1"].folder == first.folder
+    assert got["r1"].reused and not first.reused and got["r1"].crlf == first.crlf == 120

@@ -64,7 +64,14 @@ def last_weights(out: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    train_ddp(root / "ddp")
+    # The DDP run reads a DATA_DIR (prepare's shards of the text the single runs read from
+    # the file, through the cache), so the tests below also show that 2 ranks mapping one
+    # DATA_DIR equal 1 process; the resumed and two-node runs read the file, local rank 0
+    # preparing it into the cache while the other rank waits.
+    from minitransformer.cli import main
+
+    assert main(["prepare", "--data", "shakespeare", "--out", str(root / "dd")]) == 0
+    train_ddp(root / "ddp", "--data", str(root / "dd"))
     train_single(root / "single")
     train_single(root / "accum", "--grad_accum", "2")
     return root
