@@ -122,3 +122,19 @@ def test_bad_folders_and_manifests_are_user_errors(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "dd"), "--out", str(tmp_path / "r"),
                  *DEBUG]) == 2
     assert "prepare it again" in capsys.readouterr().err
+
+
+def test_a_data_dir_of_another_tokenizer_is_refused_for_resume_and_init_from(tmp_path, capsys):
+    text, other = tmp_path / "t.txt", tmp_path / "other.txt"
+    text.write_text(ENGLISH * 2, encoding="utf-8")
+    other.write_text(ENGLISH.upper() * 2, encoding="utf-8")  # another alphabet
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *DEBUG,
+                 "--max_iters", "2"]) == 0
+    assert main(["prepare", "--data", str(other), "--out", str(tmp_path / "dd")]) == 0
+    capsys.readouterr()
+    for argv in (["--out", str(tmp_path / "run"), "--resume", "--max_iters", "4"],
+                 ["--init_from", str(tmp_path / "run"), "--out", str(tmp_path / "ft")]):
+        assert main(["train", *argv, "--data", str(tmp_path / "dd"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(tmp_path / "dd") in err, err
+        assert "another tokenizer" in err and "char" in err, err

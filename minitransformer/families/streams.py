@@ -94,6 +94,9 @@ class StreamFamily(Family):
             raise UserError(f"this run was trained on the prepared data {folder}, which is not "
                             f"there any more; pass --data to point at it (or prepare it again)")
         prepared = self._open_prepared(folder, None, {})
+        if not hasattr(tokenizer, "to_dict"):
+            raise NotApplicable(f"{folder} holds ids of its own tokenizer, not of the Hugging "
+                                f"Face folder's; pass --data with the text itself")
         if prepared.tokenizer.to_dict() != tokenizer.to_dict():
             raise NotApplicable(f"{folder} was prepared with another tokenizer "
                                 f"({prepared.tokenizer.kind}, {prepared.tokenizer.vocab_size:,} "
