@@ -10,12 +10,14 @@ the size; written under /tmp and removed at the end), then measures:
   summed over prepare and its encoding workers, sampled every 50 ms: file-backed pages
   such as the memory map are not counted), wall time and the encoding MB/s it reports, for
   char and byte-level BPE at each size;
+- the char table lookup alone, in-process, on prepare's pieces (64 MB);
 - BPE against ``tokenizers``: the pieces prepare cuts from the corpus's first --bpe_mb MB,
   encoded by prepare's workers and by ``encode_batch`` (its own Rust threads on), alternately,
   and the ids of both against prepare's tokens.bin;
-- train (--only train) on the largest prepared char corpus against Tiny Shakespeare in
-  memory, the same model: time from start to the first optimizer step, peak anonymous
-  memory, and tokens/s (alternated, median).
+- train (--only train): Tiny Shakespeare alone repeated to the largest size and prepared
+  (char: the model and vocabulary of Tiny Shakespeare), against Tiny Shakespeare in memory:
+  time from start to the first optimizer step, peak anonymous memory, and tokens/s
+  (alternated, median).
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ PY = sys.executable
 CORPORA = ("shakespeare.txt", "tang.txt", "sayings.txt")
 
 
-def build_corpus(path: Path, megabytes: int, seed: int = 0) -> None:
+def build_corpus(path: Path, megabytes: int, seed: int = 0, corpora=CORPORA) -> None:
     """The bundled corpora's lines, shuffled once, repeated to ``megabytes``."""
     lines = []
-    for name in CORPORA:
+    for name in corpora:
         lines += (ROOT / "minitransformer" / "corpora" / name).read_text("utf-8").splitlines()
     random.Random(seed).shuffle(lines)
     block = ("\n".join(lines) + "\n").encode("utf-8")
@@ -128,13 +130,8 @@ def bench_bpe_vs_batch(corpus: Path, data_dir: Path, megabytes: int, workers: in
     import numpy as np
 
     from minitransformer.data import shards
-    from minitransformer.data.encode import (
-        EncoderPool,
-        choose_encoder,
-        cut_mode,
-        cut_pieces,
-        encoder_spec,
-    )
+    from minitransformer.data.encode import EncoderPool, choose_encoder, encoder_spec
+    from minitransformer.data.pieces import cut_mode, cut_pieces
     from minitransformer.data.reading import byte_blocks
     from minitransformer.tokenizers import load_tokenizer
 
@@ -166,10 +163,35 @@ def bench_bpe_vs_batch(corpus: Path, data_dir: Path, megabytes: int, workers: in
             "ids_equal": bool(np.array_equal(ids, ref) and np.array_equal(written, ref))}
 
 
+def bench_char_encode(corpus: Path, data_dir: Path, megabytes: int = 64) -> dict:
+    """The char table lookup alone (in this process), on the pieces prepare cuts."""
+    from minitransformer.data import shards
+    from minitransformer.data.encode import encoder_spec, make_counting_encoder
+    from minitransformer.data.pieces import cut_pieces
+    from minitransformer.data.reading import byte_blocks
+    from minitransformer.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(data_dir / "tokenizer.json")
+    budget, pieces = megabytes * 10**6, []
+    for _, piece in cut_pieces(((a, b) for a, b, _ in byte_blocks([corpus])), "any", b"",
+                               shards.PIECE_BYTES["any"]):
+        pieces.append(piece)
+        budget -= len(piece)
+        if budget <= 0:
+            break
+    encode, size, times = make_counting_encoder(encoder_spec(tok)), sum(map(len, pieces)), []
+    for _ in range(3):
+        t = time.perf_counter()
+        for piece in pieces:
+            encode(piece)
+        times.append(time.perf_counter() - t)
+    return {"mb": size / 1e6, "mb_s": size / 1e6 / statistics.median(times)}
+
+
 def bench_train(data_dir: Path, work: Path, iters: int, rounds: int) -> dict:
     """The same model on the prepared corpus and on Tiny Shakespeare in memory."""
     flags = ["--preset", "debug", "--max_iters", str(iters), "--eval_interval", "100000",
-             "--eval_iters", "1", "--log_interval", "5", "--sample_tokens", "0", "--quiet",
+             "--eval_iters", "1", "--log_interval", "1", "--sample_tokens", "0", "--quiet",
              "--seed", "0"]
     runs: dict[str, list[dict]] = {"map": [], "mem": []}
     for i in range(rounds):
@@ -187,6 +209,23 @@ def bench_train(data_dir: Path, work: Path, iters: int, rounds: int) -> dict:
     med = {n: {k: statistics.median(r[k] for r in rs) for k in
                ("first_step_s", "peak_mb", "tokens_s")} for n, rs in runs.items()}
     return {**med, "tokens_ratio": med["map"]["tokens_s"] / med["mem"]["tokens_s"]}
+
+
+def train_part(work: Path, size: int, args) -> dict:
+    """Tiny Shakespeare's lines shuffled and repeated to ``size`` MB (so that the model, its
+    vocabulary included, is the one trained on Tiny Shakespeare), prepared, then trained on."""
+    corpus, dd = work / f"shakespeare-{size}mb.txt", work / f"dd-shakespeare-{size}"
+    build_corpus(corpus, size, corpora=("shakespeare.txt",))
+    r = bench_prepare(corpus, dd, "char", args.workers)
+    out = {f"prepare char {size} MB (Shakespeare alone: ASCII)":
+           {**{k: r[k] for k in ("peak_mb", "wall_s", "encode_s", "encode_mb_s")},
+            "table_lookup_alone": bench_char_encode(corpus, dd)}}
+    print(json.dumps(out), flush=True)
+    corpus.unlink()
+    out[f"train on {size} MB"] = bench_train(dd, work, args.train_iters, args.train_rounds)
+    print(json.dumps({f"train on {size} MB": out[f"train on {size} MB"]}), flush=True)
+    shutil.rmtree(dd)
+    return out
 
 
 def main() -> None:
@@ -209,25 +248,22 @@ def main() -> None:
         for size in sizes:
             corpus = work / f"corpus-{size}mb.txt"
             build_corpus(corpus, size)
-            for kind in [k for k in ("char", "bpe") if k in parts or
-                         (k == "char" and "train" in parts)]:
+            for kind in [k for k in ("char", "bpe") if k in parts]:
                 dd = work / f"dd-{kind}-{size}"
                 r = bench_prepare(corpus, dd, "char" if kind == "char" else "bpe-bytes",
                                   args.workers)
                 line = {k: r[k] for k in ("peak_mb", "wall_s", "encode_s", "encode_mb_s",
                                           "route", "workers")}
+                if kind == "char":
+                    line["table_lookup_alone"] = bench_char_encode(corpus, dd)
                 if kind == "bpe":
                     line["vs_encode_batch"] = bench_bpe_vs_batch(corpus, dd, args.bpe_mb,
                                                                  r["workers"])
                 results[f"prepare {kind} {size} MB"] = line
                 print(json.dumps({f"prepare {kind} {size} MB": line}), flush=True)
-            if "train" in parts and size == max(sizes):
-                results[f"train on {size} MB"] = bench_train(work / f"dd-char-{size}", work,
-                                                             args.train_iters,
-                                                             args.train_rounds)
-                print(json.dumps({f"train on {size} MB": results[f"train on {size} MB"]}),
-                      flush=True)
             corpus.unlink()
+            if "train" in parts and size == max(sizes):
+                results.update(train_part(work, size, args))
             for dd in work.glob(f"dd-*-{size}"):
                 shutil.rmtree(dd)
     finally:

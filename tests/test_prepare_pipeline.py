@@ -16,13 +16,8 @@ import pytest
 
 from minitransformer.cli import main
 from minitransformer.data import encode, reading, shards
-from minitransformer.data.encode import (
-    EncoderPool,
-    choose_encoder,
-    cut_pieces,
-    encoder_spec,
-    make_encoder,
-)
+from minitransformer.data.encode import EncoderPool, choose_encoder, encoder_spec, make_encoder
+from minitransformer.data.pieces import cut_mode, cut_pieces
 from minitransformer.data.prepare import prepare_corpus
 from minitransformer.data.reading import blocks, sample_lines
 from minitransformer.data.shards import MANIFEST, PARTIAL, TOKENIZER, TOKENS
@@ -95,7 +90,7 @@ def test_pieces_cut_where_the_pretokenizer_cuts_give_the_whole_texts_ids(kind):
     spec = {**encoder_spec(tok), "kind": "hf" if kind != "char" else "char"}
     data = text.encode("utf-8")
     blocks_ = [(i == 0, data[i:i + 29]) for i in range(0, len(data), 29)]  # cuts characters
-    pieces = [p for _, p in cut_pieces(blocks_, encode.cut_mode(tok), b"", 41)]
+    pieces = [p for _, p in cut_pieces(blocks_, cut_mode(tok), b"", 41)]
     assert len(pieces) > 20 and b"".join(pieces) == data
     ids = np.concatenate([make_encoder(spec)(p) for p in pieces])
     assert ids.tolist() == tok.encode(text)

@@ -18,7 +18,7 @@ Three encoders, all giving the ids of the tokenizer itself:
   agree with ``tokenizers`` on a probe text (``choose_encoder``); else
 - tokenizers: the Hugging Face tokenizer, one piece at a time.
 
-Pieces are cut where the tokenizer's pre-tokenizer cuts anyway (``safe_cut``), so encoding
+Pieces come cut where the tokenizer's pre-tokenizer cuts anyway (``pieces.py``), so encoding
 the pieces gives the ids of the whole text.
 
 This module imports nothing from the package: keep it so (the worker runs it alone).
@@ -196,83 +196,6 @@ def encoder_spec(tokenizer) -> dict:
                 "vocab_size": tokenizer.vocab_size}
     return {"kind": "bpe", "json": tokenizer.hf.to_str(), "dtype": dtype,
             "vocab_size": tokenizer.vocab_size}
-
-
-def cut_mode(tokenizer) -> str:
-    """Where ``tokenizer``'s pieces may be cut (encode.safe_cut)."""
-    if tokenizer.kind == "char":
-        return "any"
-    return {"bytes": "bytes", "chars": "lines"}.get(tokenizer.mode, "never")
-
-
-# ---- where a piece may end (pieces are UTF-8 bytes) -----------------------------------------
-
-_ASCII_SPACE = frozenset(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")  # str.isspace in ASCII
-
-
-def _char_end(data: bytes) -> int:
-    """The end of the last whole UTF-8 character of ``data``."""
-    k = len(data)
-    while k > 0 and len(data) - k < 3 and data[k - 1] & 0xC0 == 0x80:
-        k -= 1  # back over continuation bytes
-    if k == 0:
-        return 0
-    lead = data[k - 1]
-    need = 0 if lead < 0x80 else 1 if lead < 0xE0 else 2 if lead < 0xF0 else 3
-    return len(data) if len(data) - k >= need else k - 1
-
-
-def safe_cut(data: bytes, mode: str) -> int:
-    """The last position where UTF-8 ``data`` can be cut without changing its ids (0: none).
-
-    "any": characters, between any two. "lines": after a newline (a pre-tokenizer splitting
-    at line ends). "bytes": GPT-2's pattern; after a newline between two ASCII non-space
-    characters, where the pattern always ends one piece and starts the next (a byte >= 0x80
-    might be a space such as U+00A0, so it is never taken). "never": another pre-tokenizer."""
-    if mode == "any":
-        return _char_end(data)
-    if mode == "lines":
-        return data.rfind(b"\n") + 1
-    if mode == "never":
-        return 0
-    end = len(data) - 1
-    while True:
-        i = data.rfind(b"\n", 0, end)
-        if i <= 0:
-            return 0
-        before, after = data[i - 1], data[i + 1]
-        if before < 0x80 and after < 0x80 and before not in _ASCII_SPACE and \
-                after not in _ASCII_SPACE:
-            return i + 1
-        end = i
-
-
-def cut_pieces(blocks: Iterable[tuple[bool, bytes]], mode: str, separator: bytes,
-               size: int) -> Iterator[tuple[bool, bytes]]:
-    """(starts a document, piece) from (starts a document, UTF-8 bytes) blocks: each
-    document (``separator`` before every one but the first) in pieces of about ``size``
-    bytes, cut only where ``safe_cut`` allows (or at 8 ``size`` when there is no such place,
-    at a character's end)."""
-    parts: list[bytes] = []
-    n, flag, started = 0, False, False
-    for new_doc, data in blocks:
-        if new_doc:
-            if started:
-                yield flag, b"".join(parts)
-            parts, flag = ([separator] if started and separator else []), True
-            n, started = len(separator) if parts else 0, True
-        if data:
-            parts.append(data)
-            n += len(data)
-        if n >= size:
-            buf = b"".join(parts)
-            cut = safe_cut(buf, mode) or (_char_end(buf) if len(buf) >= 8 * size else 0)
-            parts = [buf[cut:]] if cut else [buf]
-            if cut:
-                yield flag, buf[:cut]
-                flag, n = False, len(buf) - cut
-    if started:
-        yield flag, b"".join(parts)
 
 
 # ---- the worker side ------------------------------------------------------------------------

@@ -33,7 +33,8 @@ import torch
 
 from ..errors import UserError
 from ..io import atomic_write_json, fsync_dir, read_json_object
-from .encode import EncodeError, EncoderPool, cut_mode, cut_pieces, encoder_spec
+from .encode import EncodeError, EncoderPool, encoder_spec
+from .pieces import cut_mode, cut_pieces
 
 FORMAT_VERSION = 1
 MANIFEST, TOKENS, TOKENIZER = "manifest.json", "tokens.bin", "tokenizer.json"
