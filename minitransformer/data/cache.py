@@ -9,6 +9,13 @@ SHA-256), the tokenizer asked for (kind, vocabulary size, how the text is read),
 special tokens and separator, and the shard format version. The same file trained on again
 finds its folder; a changed file, another tokenizer or another family gets a new one.
 ``prepare --clear_cache`` removes CACHE with ``clear_cache``.
+
+``prepare_cached`` reads the sources as ``train`` always read a text file (``load_text``,
+``normalize_newlines``; the tokenizer fitted on the whole text: the sorted alphabet or
+``fit_tokenizer``'s BPE), so a run from the cache has the losses of the in-memory path.
+Under torchrun each machine's local rank 0 prepares (holding ``KEY.lock``) while the other
+ranks wait for the manifest. ``check_sources`` tells a resumed run that its text moved or
+changed.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ A family is one module (``gpt.py``, ``encoder.py``, ``seq2seq.py``) holding one 
     data_classes                               extra config dataclasses (sentence pairs: batching)
     presets, default_data, tokenizers          its named settings, its corpus, --tokenizer choices
     commands                                   what it can do beyond train / evaluate / attention
-    prepare(source, encoding, fields, kind)    read the corpus, fit the tokenizer -> Prepared
+    prepare(source, encoding, fields, kind)    read the corpus (one source, or a list of them),
+                                               fit the tokenizer -> Prepared
     reopen(meta, tokenizer, source, encoding)  the same for a run being resumed or evaluated
     build(prepared, fields, seed)              config, model, task, meta -> Built
     describe(prepared, built, train_cfg)       the lines printed before training
@@ -146,11 +147,11 @@ class Family:
         return self.model_class(config)
 
     # -- what each family supplies ----------------------------------------------------------
-    def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
+    def prepare(self, source: str | list[str], encoding: str, fields: dict, kind: str | None,
                 source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         raise NotImplementedError
 
-    def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
+    def reopen(self, meta: dict, tokenizer, source: str | list[str], encoding: str,
                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
         raise NotImplementedError
 
@@ -248,7 +249,7 @@ def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: 
             f"training for {budget}, {batches}, lr {lr}"]
 
 
-def data_source(meta: dict, options: dict) -> tuple[str, str]:
+def data_source(meta: dict, options: dict) -> tuple[str | list[str], str]:
     """(corpus, encoding) to evaluate on: --data / --encoding, else the run's own."""
     data = meta.get("data", {})
     source = options.get("data") or data.get("source")

@@ -1,6 +1,10 @@
 """What the families trained on one token stream share: GPT (next token) and the encoder
 (masked tokens) read a text, fit characters or byte-level BPE, split it 90/10 as nanoGPT does,
-and measure val loss on random windows of the context."""
+and measure val loss on random windows of the context.
+
+The stream is always a memory map: a DATA_DIR from ``prepare`` as it is, any other source
+prepared once into the cache (``data/cache.py``) and read from there. Only a Hugging Face
+folder's tokenizer (``--init_from``) still encodes its text in memory."""
 
 from __future__ import annotations
 
