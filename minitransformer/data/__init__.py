@@ -6,6 +6,9 @@
     cache.py            the implicit cache of prepared folders (train --data file.txt)
     shards.py           prepared corpora: token files written once, read as memory maps
     prepare.py          prepare: fit the tokenizer on the sources, stream them into shards
+    reading.py          the sources a block at a time (a file is never held whole)
+    pieces.py           where text may be cut into pieces that encode to the whole's ids
+    encode.py           encoders (char table, tiktoken, tokenizers) in worker processes
     parallel_corpus.py  sentence pairs: TSV or two aligned files, the split by chapters,
                         length-bucketed batches and their padding
 """

@@ -20,11 +20,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import UserError
-from .sources import read_documents
+from .sources import TABLES, read_documents
 
 BLOCK_BYTES = 1 << 20
-# sources read as records by read_documents, never as one text
-RECORDS = {".jsonl", ".parquet", ".arrow"}
+RECORDS = {".jsonl", *TABLES}  # what read_documents reads as records, not as one text
 
 
 def is_text_file(path: Path) -> bool:
