@@ -138,3 +138,6 @@ def test_a_data_dir_of_another_tokenizer_is_refused_for_resume_and_init_from(tmp
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(tmp_path / "dd") in err, err
         assert "another tokenizer" in err and "char" in err, err
+    assert main(["train", "--data", str(tmp_path / "dd"), str(text), "--out",
+                 str(tmp_path / "both"), "--quiet"]) == 2
+    assert "read alone" in capsys.readouterr().err

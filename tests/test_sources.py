@@ -63,6 +63,7 @@ def test_each_source_shape_decodes_back_exactly(shapes, tmp_path, name, tokenize
     root, expected = shapes
     out = tmp_path / "dd"
     extra = ["--vocab_size", "300"] if tokenizer != "char" else []
+    extra += ["--workers", "1"]  # in this process: the sources are what is tested here
     assert main(["prepare", "--data", str(root / name), "--out", str(out), "--tokenizer",
                  tokenizer, *extra]) == 0
     docs = expected[name]

@@ -65,6 +65,11 @@ class StreamFamily(Family):
         sources = as_sources(source)
         if len(sources) == 1 and is_prepared(sources[0]):
             return self._open_prepared(sources[0], kind, fields)
+        folders = [s for s in sources if is_prepared(s)]
+        if folders:
+            raise NotApplicable(f"--data {folders[0]} is a prepared folder: it is read alone; "
+                                f"prepare the sources together instead (minitransformer "
+                                f"prepare --data A --data B --out DATA_DIR)")
         kind = kind or "char"
         vocab = fields.get("vocab_size") if kind != "char" else None
         mode = newline or "normalize"
