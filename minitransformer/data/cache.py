@@ -34,8 +34,10 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..io import atomic_write_json, read_json_object
-from ..tokenizers import CharTokenizer, fit_tokenizer
-from .prepare import CHAR_SEPARATOR
+from ..tokenizers import CharTokenizer
+from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
+from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE
+from .reading import sample_lines
 from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_shards
 from .sources import TABLES, Document, fingerprint, read_documents, source_files
 from .text import BUNDLED, load_text, normalize_newlines
@@ -144,8 +146,9 @@ def read_texts(files: list[Path], encoding: str, newline: str, counted: list[int
 
 
 def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
-    """(tokenizer, CR count): ``train``'s own fit (the sorted alphabet; BPE by
-    ``fit_tokenizer`` on the whole text), or a run's ``tokenizer`` checked on the text."""
+    """(tokenizer, CR count): ``train``'s own fit (the sorted alphabet; BPE on every line as
+    ``fit_tokenizer`` on the whole text, or on prepare's spread sample beyond
+    ``DEFAULT_BPE_SAMPLE`` bytes), or a run's ``tokenizer`` checked on the text."""
     counted: list[int] = []
     docs = read_texts(files, encoding, newline, counted)
     if tokenizer is not None and tokenizer.kind == "char":
@@ -161,10 +164,13 @@ def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
         for i, doc in enumerate(docs):
             alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
         tokenizer = CharTokenizer(sorted(alphabet))
-    else:
-        text = "\n".join(doc.text for doc in docs)
-        tokenizer = fit_tokenizer(kind, text, vocab, *((special_tokens,) if special_tokens
-                                                       else ()))
+    else:  # every line up to DEFAULT_BPE_SAMPLE bytes: fit_tokenizer's fit on the whole text
+        total = sum(p.stat().st_size for p in files)
+        lines, head, n = sample_lines(((True, d.text, len(d.text)) for d in docs), total,
+                                      DEFAULT_BPE_SAMPLE)
+        if n == 0:
+            raise UserError("the sources hold no text: nothing to prepare")
+        tokenizer = fit_bpe_lines(kind, lines, head, vocab, special_tokens or GPT_SPECIALS)
     return tokenizer, sum(counted)
 
 
@@ -195,7 +201,8 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
     ``say_reused``: whether to say that the folder was there."""
     files = source_files(sources)
     prints = fingerprint(files)
-    asked = {"kind": kind, "vocab_size": vocab} if tokenizer is None else \
+    asked = {"kind": kind, "vocab_size": vocab, "sample": DEFAULT_BPE_SAMPLE * (kind != "char")} \
+        if tokenizer is None else \
         {"json": hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True)
                                 .encode("utf-8")).hexdigest()}
     folder = cache_dir(prints, {**asked, "encoding": encoding, "newline": newline}, family,
