@@ -128,3 +128,42 @@ def test_compile_that_fails_on_the_first_step_falls_back_to_eager(monkeypatch, t
                    echo=lambda *a: None)
     assert result.step == 6
     assert "torch.compile failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False, n_kv_head=2, qk_norm=True,
+                                            pos_encoding="rope")])
+def test_fused_qkv_projection_equals_the_three_modules(kw):
+    model = small_gpt(**kw).double().eval()
+    attn = model.decoder.layers[0].self_attn
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    with torch.no_grad():
+        fused = attn.project_self(x)  # one call through the stacked matrix
+    assert attn.fused_qkv() is not None
+    for got, proj in zip(fused, (attn.q_proj, attn.k_proj, attn.v_proj), strict=True):
+        torch.testing.assert_close(got, proj(x), rtol=0, atol=1e-12)
+    idx = torch.randint(0, 40, (2, 12))
+    with torch.no_grad():
+        ref = model(idx)[0]  # fused
+    torch.testing.assert_close(model(idx)[0], ref, rtol=0, atol=1e-12)  # grad on: unfused
+
+
+def test_fused_qkv_follows_weight_changes_and_steps_aside_for_wrappers():
+    model = small_gpt().eval()
+    attn = model.decoder.layers[0].self_attn
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        attn.project_self(x)
+        attn.k_proj.weight.mul_(2.0)  # in place: the stacked copy is stale now
+        got = attn.project_self(x)[1]
+    torch.testing.assert_close(got, attn.k_proj(x))
+    other = small_gpt()
+    with torch.no_grad():
+        other.decoder.layers[0].self_attn.v_proj.weight.add_(1.0)
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(attn.project_self(x)[2], attn.v_proj(x))
+    # a projection that is not the package's Linear (e.g. a LoRA wrapper) is called as it is
+    attn.q_proj = torch.nn.Linear(64, 64)
+    assert attn.fused_qkv() is None
+    with torch.no_grad():
+        torch.testing.assert_close(attn.project_self(x)[0], attn.q_proj(x))

@@ -1,4 +1,4 @@
-"""Linear: nn.Linear's parameters and results, with a dot-product path for one input row."""
+"""Linear: nn.Linear's parameters and results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minitransformer.nn.linear import Linear
@@ -24,19 +23,6 @@ def test_equals_torch_linear(bias, shape):
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
     g, g_ref = torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0]
     torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-6)
-
-
-def test_one_row_takes_the_dot_product_path_and_many_rows_blas(monkeypatch):
-    layer = Linear(16, 8)
-    calls = []
-    real = F.linear
-    monkeypatch.setattr(F, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
-    layer(torch.randn(1, 1, 16))
-    assert calls == []  # torch.linalg.vecdot, not F.linear
-    layer(torch.randn(3, 16))
-    with torch.autocast("cpu", torch.bfloat16):  # autocast's dtype rules need F.linear
-        layer(torch.randn(1, 16))
-    assert calls == [(3, 16), (1, 16)]
 
 
 class ThreadSensitive(nn.Module):

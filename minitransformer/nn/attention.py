@@ -196,27 +196,65 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, width // self.head_size, self.head_size).transpose(1, 2)
 
     def queries(self, x: torch.Tensor, offset: int, rotate: bool = True,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, projected: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """q = x W^Q split into heads (B, nh, Tq, hs), QK-normed, RoPE-rotated from position
-        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``."""
-        q = self.split_heads(self.q_proj(x))  # (B, nh, Tq, hs)
+        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``. ``projected``:
+        x W^Q already computed (B, Tq, C)."""
+        q = self.split_heads(self.q_proj(x) if projected is None else projected)
         if self.q_norm is not None:
-            q = self.q_norm(q)
+            q = self.q_norm(q)  # (B, nh, Tq, hs)
         if rotate and self.rope is not None:
             q = self.rope(q, offset=offset, positions=positions)
         return q
 
     def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True,
-                    positions: torch.Tensor | None = None):
+                    positions: torch.Tensor | None = None,
+                    projected: tuple[torch.Tensor, torch.Tensor] | None = None):
         """k = src W^K (QK-normed, RoPE-rotated when ``rotate``) and v = src W^V, each
-        (B, nkv, Tk, hs)."""
-        k = self.split_heads(self.k_proj(src))  # (B, nkv, Tk, hs)
-        v = self.split_heads(self.v_proj(src))  # (B, nkv, Tk, hs)
+        (B, nkv, Tk, hs). ``projected``: (src W^K, src W^V) already computed."""
+        k_lin, v_lin = (self.k_proj(src), self.v_proj(src)) if projected is None else projected
+        k = self.split_heads(k_lin)  # (B, nkv, Tk, hs)
+        v = self.split_heads(v_lin)  # (B, nkv, Tk, hs)
         if self.k_norm is not None:
             k = self.k_norm(k)
         if rotate and self.rope is not None:
             k = self.rope(k, offset=offset, positions=positions)  # at their own positions
         return k, v
+
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """W^Q, W^K, W^V stacked into one (C + 2 nkv hs, C) matrix, and their biases, so that
+        inference projects x once instead of three times (a decoding step is short enough for
+        the calls themselves to count). Built on first use and rebuilt whenever one of the
+        three changes (an optimizer step, ``load_state_dict``, ``.to()``: each bumps the
+        tensor's version or moves its storage); never part of the state dict. None when a
+        projection is not a plain ``Linear`` (a LoRA wrapper)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if any(type(p) is not Linear for p in projs):
+            return None
+        tensors = [t for p in projs for t in (p.weight, p.bias) if t is not None]
+        try:
+            key = tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
+        except RuntimeError:  # weights made under inference_mode keep no version: no cache
+            return None
+        fused = self.__dict__.get("_fused")
+        if fused is None or fused[0] != key:
+            with torch.no_grad():
+                w = torch.cat([p.weight for p in projs])  # (C + 2 nkv hs, C)
+                b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None \
+                    else None
+            fused = self.__dict__["_fused"] = (key, w, b)
+        return fused[1], fused[2]
+
+    def project_self(self, x: torch.Tensor):
+        """x W^Q, x W^K, x W^V (B, T, width each): one call through ``fused_qkv`` at
+        inference, three through the readable modules otherwise (tests hold them equal)."""
+        fused = None if torch.is_grad_enabled() else self.fused_qkv()
+        if fused is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv_width = self.n_kv_head * self.head_size
+        qkv = F.linear(x, *fused)  # (B, T, C + 2 nkv hs)
+        return qkv.split([qkv.shape[-1] - 2 * kv_width, kv_width, kv_width], dim=-1)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1
@@ -239,12 +277,16 @@ class MultiHeadAttention(nn.Module):
         b, t_q, c = x.shape
         cross = context is not None
         past = cache.length if (cache is not None and not cross) else 0  # cached positions
-        q = self.queries(x, offset=past, rotate=not cross, positions=positions)  # (B,nh,Tq,hs)
+        if cross:
+            q = self.queries(x, offset=0, rotate=False)  # (B, nh, Tq, hs)
+        else:
+            q_lin, k_lin, v_lin = self.project_self(x)  # (B, Tq, width) each
+            q = self.queries(x, past, positions=positions, projected=q_lin)  # (B, nh, Tq, hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
             k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:
-            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross,
-                                    positions=positions)
+            k, v = (self.keys_values(context, offset=0, rotate=False) if cross else
+                    self.keys_values(x, past, positions=positions, projected=(k_lin, v_lin)))
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)
