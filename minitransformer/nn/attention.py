@@ -91,6 +91,7 @@ class KVCache:
     def __init__(self):
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
         self.length = 0
 
     @property
@@ -118,16 +119,20 @@ class KVCache:
         return self.k, self.v
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',). Only the filled positions are
-        copied, into storage of the same capacity (beam search reorders every step)."""
+        """Select batch rows (beam search): index (B',). Beam search reorders every step, so
+        the filled positions of the chosen rows are gathered into a second buffer kept from
+        the previous reorder (no fresh allocation each step), and the two buffers swap."""
         if self._k is None:
             return
-        n = self.length
-        new_k = self._k.new_empty(len(index), *self._k.shape[1:])  # (B', nh, capacity, hs)
-        new_v = self._v.new_empty(len(index), *self._v.shape[1:])
-        new_k[:, :, :n] = self._k[index, :, :n]
-        new_v[:, :, :n] = self._v[index, :, :n]
-        self._k, self._v = new_k, new_v
+        shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
+        spare = self._spare
+        if spare is None or spare[0].shape != shape or spare[0].dtype != self._k.dtype:
+            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
+        n = self.length  # only the filled positions are copied
+        torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
+        torch.index_select(self._v[:, :, :n], 0, index, out=spare[1][:, :, :n])
+        self._spare = (self._k, self._v)
+        self._k, self._v = spare  # (B', nkv, capacity, hs)
 
     def drop_front(self, n: int, rekey=None) -> None:
         """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
