@@ -10,7 +10,7 @@ import pytest
 from minitransformer.data import load_text
 from minitransformer.errors import UserError
 from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
-from minitransformer.tokenizers.bpe import BPETokenizer
+from minitransformer.tokenizers.bpe import BPETokenizer, _covering
 from minitransformer.tokenizers.fitting import CHARS_FROM_VOCAB, choose_bpe, cjk_share
 
 SAMPLES = [
@@ -48,6 +48,24 @@ def test_vocabulary_layout(chars):
     assert chars.tokens("山") == ["山"]  # a common character is one symbol, not three bytes
     assert chars.tokens("吃") == ["<0xE5>", "<0x90>", "<0x83>"]  # unseen: its UTF-8 bytes
     assert [chars.token_bytes(i) for i in chars.encode("吃")] == [b"\xe5", b"\x90", b"\x83"]
+
+
+def test_rare_characters_are_spelt_as_bytes():
+    """The alphabet covers ``char_coverage`` of the text: a character making up less of it
+    than what is left out is spelt as its UTF-8 bytes (云 is U+4E91: E4 BA 91)."""
+    text = "山" * 60 + "水" * 39 + "云"  # 云 is 1% of the characters
+    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=0.99)
+    assert tok.tokens("云水") == ["<0xE4>", "<0xBA>", "<0x91>", "水"]
+    assert tok.decode(tok.encode("云水山")) == "云水山"
+    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=1.0)
+    assert tok.tokens("云") == ["云"]
+
+
+def test_coverage_counts_characters_and_keeps_ties():
+    assert _covering(["aabbc"], 0.5) == 2  # a, then b: 4 of 5 >= 2.5
+    assert _covering(["aabbc"], 0.9) == 3
+    assert _covering(["abc"], 0.3) == 3  # a alone covers it, but b and c are as frequent
+    assert _covering([], 0.975) == 0
 
 
 def test_saved_and_rebuilt(chars):
