@@ -197,3 +197,14 @@ def test_torchruns_other_ranks_wait_while_local_rank_0_prepares(tmp_path, monkey
     other.join(5)
     assert not other.is_alive() and got["r1"].folder == first.folder
     assert got["r1"].reused and not first.reused and got["r1"].crlf == first.crlf == 120
+
+
+def test_documents_reach_the_bpe_sample_in_blocks():
+    """The sample keeps or skips whole blocks: a large file as one block would put every one
+    of its lines into the fit."""
+    from minitransformer.data.cache import _blocks
+    from minitransformer.data.sources import Document
+
+    docs = [Document("abcdefg", "a"), Document("", "b"), Document("hi", "c")]
+    assert list(_blocks(docs, 3)) == [(True, "abc", 3), (False, "def", 3), (False, "g", 1),
+                                      (True, "", 0), (True, "hi", 2)]

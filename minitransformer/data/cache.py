@@ -36,9 +36,9 @@ from ..errors import UserError
 from ..io import atomic_write_json, read_json_object
 from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
-from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE
-from .reading import sample_lines
-from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_shards
+from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, default_workers
+from .reading import BLOCK_BYTES, sample_lines
+from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_stream
 from .sources import TABLES, Document, fingerprint, read_documents, source_files
 from .text import BUNDLED, load_text, normalize_newlines
 
@@ -49,6 +49,7 @@ except ImportError:  # Windows: no lock (torchrun's ranks still wait for local r
 
 ENV = "MINITRANSFORMER_CACHE"
 TOKENS_DIR = "tokens"
+WORKERS_FROM = 32_000_000  # bytes of text from which encoding uses prepare's worker processes
 NOTE = "cache.json"  # beside the shards: what was asked for, and the CRLF count
 
 
@@ -166,12 +167,21 @@ def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
         tokenizer = CharTokenizer(sorted(alphabet))
     else:  # every line up to DEFAULT_BPE_SAMPLE bytes: fit_tokenizer's fit on the whole text
         total = sum(p.stat().st_size for p in files)
-        lines, head, n = sample_lines(((True, d.text, len(d.text)) for d in docs), total,
-                                      DEFAULT_BPE_SAMPLE)
+        lines, head, n = sample_lines(_blocks(docs), total, DEFAULT_BPE_SAMPLE)
         if n == 0:
             raise UserError("the sources hold no text: nothing to prepare")
         tokenizer = fit_bpe_lines(kind, lines, head, vocab, special_tokens or GPT_SPECIALS)
     return tokenizer, sum(counted)
+
+
+def _blocks(docs, size: int = BLOCK_BYTES):
+    """(starts a document, text, its size) in blocks of ``size`` characters: the BPE sample
+    keeps or skips a block's lines at a time, and the encoder cuts a piece per block, so a
+    document is never one block."""
+    for doc in docs:
+        for start in range(0, max(len(doc.text), 1), size):
+            piece = doc.text[start:start + size]
+            yield start == 0, piece, len(piece)
 
 
 def _waiting_rank() -> bool:
@@ -221,10 +231,15 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
         separator = CHAR_SEPARATOR if fitted.kind == "char" else family.get("separator", "")
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / NOTE, {"sources": sources, "crlf": crlf})
-        with tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True,
+        total = sum(p.stat().st_size for p in files)
+        with tqdm(total=total, unit="B", unit_scale=True,
                   desc="prepare", disable=not sys.stderr.isatty() or None) as bar:
             texts = read_texts(files, encoding, newline, [], bar.update)
-            manifest = write_shards(texts, fitted, folder, prints, separator=separator)
+            blocks = ((first, piece.encode("utf-8", "surrogatepass"))  # pieces are cut in
+                      for first, piece, _ in _blocks(texts))        # blocks, not whole files
+            workers = default_workers() if total > WORKERS_FROM else 1  # spawning costs
+            manifest = write_stream(blocks, fitted, folder, prints, separator=separator,
+                                    workers=workers)
     echo(f"prepared {manifest['tokens']:,} tokens of {', '.join(sources)} into {folder}; "
          f"reusing it next time")
     return Cached(folder, crlf, False)
