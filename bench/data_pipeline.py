@@ -17,7 +17,8 @@ the size; written under /tmp and removed at the end), then measures:
 - train (--only train): Tiny Shakespeare alone repeated to the largest size and prepared
   (char: the model and vocabulary of Tiny Shakespeare), against Tiny Shakespeare in memory:
   time from start to the first optimizer step, peak anonymous memory, and tokens/s
-  (alternated, median).
+  (whole runs alternated; and, steadier on a loaded machine, blocks of training steps fed
+  from each alternated in one process, medians).
 """
 
 from __future__ import annotations
@@ -188,6 +189,41 @@ def bench_char_encode(corpus: Path, data_dir: Path, megabytes: int = 64) -> dict
     return {"mb": size / 1e6, "mb_s": size / 1e6 / statistics.median(times)}
 
 
+def bench_step_rate(data_dir: Path, blocks: int = 20, steps: int = 20) -> dict:
+    """Training steps of the debug model fed from the memory map and from Tiny Shakespeare's
+    in-memory tensor, alternately in one process (blocks of ``steps``): tokens/s of each."""
+    import torch
+
+    from minitransformer.config import GPTConfig
+    from minitransformer.data import get_batch, load_text, split_ids
+    from minitransformer.data.shards import open_shards
+    from minitransformer.models import GPT
+    from minitransformer.tokenizers import CharTokenizer
+
+    torch.set_num_threads(1)
+    text = load_text("shakespeare")
+    tok = CharTokenizer.fit(text)
+    mem = split_ids(torch.tensor(tok.encode(text), dtype=torch.long))[0]
+    mapped = open_shards(data_dir)[1]
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2,
+                          n_embd=64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen, rates = torch.Generator().manual_seed(0), {"map": [], "mem": []}
+    for i in range(2 * blocks):
+        name, data = ("mem", mem) if i % 2 == 0 else ("map", mapped)
+        t = time.perf_counter()
+        for _ in range(steps):
+            x, y = get_batch(data, 16, 32, gen)
+            _, loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        rates[name].append(steps * 16 * 32 / (time.perf_counter() - t))
+    med = {n: statistics.median(r) for n, r in rates.items()}
+    return {**{f"{n}_tokens_s": v for n, v in med.items()}, "ratio": med["map"] / med["mem"],
+            "blocks": blocks, "steps": steps}
+
+
 def bench_train(data_dir: Path, work: Path, iters: int, rounds: int) -> dict:
     """The same model on the prepared corpus and on Tiny Shakespeare in memory."""
     flags = ["--preset", "debug", "--max_iters", str(iters), "--eval_interval", "100000",
@@ -223,6 +259,7 @@ def train_part(work: Path, size: int, args) -> dict:
     print(json.dumps(out), flush=True)
     corpus.unlink()
     out[f"train on {size} MB"] = bench_train(dd, work, args.train_iters, args.train_rounds)
+    out[f"train on {size} MB"]["steps_alternated"] = bench_step_rate(dd)
     print(json.dumps({f"train on {size} MB": out[f"train on {size} MB"]}), flush=True)
     shutil.rmtree(dd)
     return out
