@@ -72,12 +72,14 @@ def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: 
     return logp
 
 
-def _select_rows(rows: torch.Tensor, cache, cross_too: bool = True) -> None:
+def _select_rows(rows: torch.Tensor, cache, sentences: torch.Tensor | None = None) -> None:
+    """Keep these ``rows`` of every self-attention cache, and these ``sentences`` of every
+    cross-attention cache (None: the cross caches stay as they are)."""
     if cache is not None:
         for self_cache, cross_cache in cache:
             self_cache.reorder(rows)
-            if cross_too:
-                cross_cache.reorder(rows)
+            if sentences is not None:
+                cross_cache.reorder(sentences)
 
 
 @torch.no_grad()
@@ -118,7 +120,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
                 break
             tokens, alive, total = tokens[keep], alive[keep], total[keep]
             memory, src_mask = memory[keep], src_mask[keep]
-            _select_rows(keep, cache)
+            _select_rows(keep, cache, keep)
         return Decoded(out, scores)
     finally:
         model.train(was_training)
@@ -145,9 +147,10 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         cache = model.new_cache() if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
             for layer, (_, cross_cache) in zip(model.decoder.layers, cache, strict=True):
-                layer.cross_attn.fill_cache(cross_cache, memory, repeat=k)
-        memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, C): rows i*K .. i*K+K-1
-        src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*K, 1, 1, S)
+                layer.cross_attn.fill_cache(cross_cache, memory, group=k)
+        else:  # without the cache every beam carries its source: rows i*K .. i*K+K-1
+            memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, C)
+            src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*K, 1, 1, S)
         tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=dev)  # (B*K, 1)
         scores = torch.full((b, k), float("-inf"), device=dev)  # (B, K) log P of each prefix
         scores[:, 0] = 0.0  # one live prefix (<s>) at the start
@@ -188,7 +191,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
             scores = scores.masked_fill(tok_k == c.eos_id, float("-inf"))
             rows = (torch.arange(n, device=dev)[:, None] * k + origin_k).view(-1)  # (n*K,)
             tokens = torch.cat([tokens[rows], tok_k.view(-1, 1)], dim=1)  # (n*K, T + 1)
-            _select_rows(rows, cache, cross_too=False)  # cross K/V are equal within a sentence
+            _select_rows(rows, cache)  # beams move within their sentence: cross K/V stay
 
             # Sentences whose live prefixes can no longer beat their best translation stop.
             live_best = scores.max(dim=1).values  # (n,)
@@ -200,8 +203,9 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                     break
                 keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)
                 tokens, scores, alive = tokens[keep_rows], scores[keep], alive[keep]
-                memory, src_mask = memory[keep_rows], src_mask[keep_rows]
-                _select_rows(keep_rows, cache)
+                by = keep if cache is not None else keep_rows  # memory per sentence or beam
+                memory, src_mask = memory[by], src_mask[by]
+                _select_rows(keep_rows, cache, keep)
         return Decoded(out, best.tolist())
     finally:
         model.train(was_training)

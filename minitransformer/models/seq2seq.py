@@ -118,7 +118,7 @@ class Seq2SeqTransformer(nn.Module):
         if self.pos_emb is not None:
             pos = self.pos_emb(ids.shape[1], offset=offset)  # (T, C)
             x = x + pos  # (B, T, C)
-        return self.drop(x), tok, pos
+        return (self.drop(x) if self.training else x), tok, pos  # dropout: identity at inference
 
     def encode(self, src: torch.Tensor, need_weights: bool = False):
         """src: (B, S) ids, right-padded with pad_id.

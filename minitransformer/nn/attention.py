@@ -93,6 +93,7 @@ class KVCache:
         self._v: torch.Tensor | None = None
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
         self.length = 0
+        self.group = 1  # batch rows served by each cached row (beams of one sentence)
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -148,6 +149,12 @@ class KVCache:
         self.length = keep
 
 
+def ungroup(x: torch.Tensor, group: int, t_q: int) -> torch.Tensor:
+    """(B/g, nh, g Tq, d) -> (B, nh, Tq, d): the rows of grouped queries back in batch order."""
+    n, nh, _, d = x.shape
+    return x.reshape(n, nh, group, t_q, d).transpose(1, 2).reshape(n * group, nh, t_q, d)
+
+
 class MultiHeadAttention(nn.Module):
     """Implements MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2).
 
@@ -186,14 +193,15 @@ class MultiHeadAttention(nn.Module):
         rope = self.rope
         cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)))
 
-    def fill_cache(self, cache: KVCache, context: torch.Tensor, repeat: int = 1) -> None:
+    def fill_cache(self, cache: KVCache, context: torch.Tensor, group: int = 1) -> None:
         """Cross-attention: store the keys and values of ``context`` (B, Tk, C) in an empty
-        ``cache``, each row repeated ``repeat`` times (rows i*r .. i*r+r-1: the beams of
-        sentence i), so that beam search projects each source once instead of once per beam."""
+        ``cache`` that serves ``group`` query rows per row (rows i*g .. i*g+g-1: the beams of
+        sentence i). Beam search then projects each source once, and each step attends the
+        g beams of a sentence as g queries of one attention over its keys, which are read
+        once instead of once per beam (the mask is then per sentence, (B, 1, 1, Tk))."""
         k, v = self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
-        cache.update(k, v)  # (B * repeat, nkv, Tk, hs)
+        cache.update(k, v)
+        cache.group = group
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, n * hs) -> (B, n, T, hs): n = nh for queries, nkv for keys and values."""
@@ -296,6 +304,10 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)
         t_k = k.shape[-2]
+        group = cache.group if (cross and cache is not None) else 1
+        if group > 1:  # a sentence's beams as the queries of one attention: (B/g, nh, g Tq, hs)
+            q = q.reshape(-1, group, self.n_head, t_q, self.head_size).transpose(1, 2) \
+                .reshape(-1, self.n_head, group * t_q, self.head_size)
 
         causal_only = self.causal and mask is None and past == 0 and t_q == t_k
         if self.causal and t_q > 1:  # a single newest query may see every key: no mask needed
@@ -317,5 +329,8 @@ class MultiHeadAttention(nn.Module):
             if bias is not None:  # fold the boolean mask into the additive bias
                 attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        if group > 1:  # back to one row per beam: (B, nh, Tq, hs)
+            y, weights = ungroup(y, group, t_q), weights if weights is None else \
+                ungroup(weights, group, t_q)
         y = y.transpose(1, 2).reshape(b, t_q, c)  # concatenate heads: (B, Tq, C)
         return self.out_proj(y), weights  # (B, Tq, C)
