@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..families import load_run
-from ..serve import Settings, bind, create_app, is_loopback, make_server, url_of
 from ..training.device import decoding_threads, pick_device
 from ..viz.i18n import LANGS
 from .flags import add_device, add_which, nonneg_int, positive_int
@@ -57,6 +56,8 @@ def add_parser(sub) -> None:
 
 
 def _check_host(args) -> None:
+    from ..serve import is_loopback
+
     if is_loopback(args.host) or args.api_key:
         return
     if not args.insecure_no_key:
@@ -67,6 +68,9 @@ def _check_host(args) -> None:
 
 
 def cmd_serve(args) -> int:
+    # FastAPI and uvicorn load here, not with the CLI: every other command starts faster
+    from ..serve import Settings, bind, create_app, make_server, url_of
+
     _check_host(args)
     device = pick_device(args.device)
     run = load_run(args.dir, args.which, device)
