@@ -6,8 +6,10 @@
 
 KEY is a hash of what decides the shards: each source's fingerprint (absolute path, size,
 SHA-256), the tokenizer asked for (kind, vocabulary size, how the text is read), the family's
-special tokens and separator, and the shard format version. The same file trained on again
-finds its folder; a changed file, another tokenizer or another family gets a new one.
+special tokens and separator, the shard format version and ``FIT_VERSION`` (how tokenizers
+are fitted: raised when a fit changes, e.g. character-initial BPE's character coverage). The
+same file trained on again finds its folder; a changed file, another tokenizer or another
+family gets a new one.
 ``prepare --clear_cache`` removes CACHE with ``clear_cache``.
 
 ``prepare_cached`` reads the sources as ``train`` always read a text file (``load_text``,
@@ -51,6 +53,7 @@ ENV = "MINITRANSFORMER_CACHE"
 TOKENS_DIR = "tokens"
 WORKERS_FROM = 32_000_000  # bytes of text from which encoding uses prepare's worker processes
 NOTE = "cache.json"  # beside the shards: what was asked for, and the CRLF count
+FIT_VERSION = 2  # part of the key: raise it when a tokenizer kind fits other merges
 
 
 def cache_root() -> Path:
@@ -211,7 +214,8 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
     ``say_reused``: whether to say that the folder was there."""
     files = source_files(sources)
     prints = fingerprint(files)
-    asked = {"kind": kind, "vocab_size": vocab, "sample": DEFAULT_BPE_SAMPLE * (kind != "char")} \
+    asked = {"kind": kind, "vocab_size": vocab, "sample": DEFAULT_BPE_SAMPLE * (kind != "char"),
+             "fit": FIT_VERSION} \
         if tokenizer is None else \
         {"json": hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True)
                                 .encode("utf-8")).hexdigest()}
