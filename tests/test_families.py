@@ -164,3 +164,12 @@ def test_resume_of_a_damaged_seq2seq_run_is_a_user_error(runs, damage, tmp_path,
         (last / ckpt.CONFIG_FILE).write_text(json.dumps(meta), encoding="utf-8")
     assert main(["train", "--out", str(run), "--resume", "--max_iters", "8", "--quiet"]) == 2
     _user_error(capsys)
+
+
+def test_pages_name_the_corpus_by_its_file_names():
+    from minitransformer.families.base import data_label
+
+    assert data_label({"data": {"source": "/home/me/books/input.txt"}}, "run") == "input.txt"
+    assert data_label({"data": {"source": ["/a/x.txt", "/b/y.jsonl"]}}, "run") == "x.txt, y.jsonl"
+    assert data_label({"data": {"source": "shakespeare"}}, "run") == "shakespeare"
+    assert data_label({}, "runs/mine") == "runs/mine"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..families import load_run
+from ..families.base import data_label
 from ..viz.heatmap import save_attention_png
 from ..viz.i18n import LANGS, msg
 from ..viz.page import write_page
@@ -51,7 +52,7 @@ def cmd_explain(args) -> int:
         raise UserError("give the text to walk through with --text")
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("explain")
-    source = run.meta.get("data", {}).get("source") or str(args.dir)
+    source = data_label(run.meta, str(args.dir))
     doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer, args.head,
                              args.top_k, msg("walk.trained_on", source=source))
     write_page(doc, out, args.lang)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -256,6 +257,16 @@ def data_source(meta: dict, options: dict) -> tuple[str | list[str], str]:
     if not source:
         raise NotApplicable("the checkpoint does not name its corpus; pass --data")
     return source, options.get("encoding") or data.get("encoding", "utf-8")
+
+
+def data_label(meta: dict, fallback: str) -> str:
+    """The corpus a run was trained on, as a page names it: bundled names as they are, files
+    by their names (config.json keeps absolute paths), several joined; else ``fallback``."""
+    source = meta.get("data", {}).get("source")
+    if not source:
+        return fallback
+    sources = source if isinstance(source, list) else [source]
+    return ", ".join(Path(s).name or s for s in sources)
 
 
 def loss_lines(loss: float, per: str) -> list[str]:

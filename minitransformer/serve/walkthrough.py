@@ -20,6 +20,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 from ..errors import UserError
+from ..families.base import data_label
 from ..viz.i18n import msg
 from ..viz.page import render_page
 from .errors import APIError
@@ -48,7 +49,7 @@ class Pages:
 def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
     """The family's walkthrough of ``req.text`` as a served page (HTML text) opening in
     ``lang``, and what the API answers about it; a user error becomes a 400."""
-    source = run.meta.get("data", {}).get("source") or run.folder.name
+    source = data_label(run.meta, run.folder.name)
     try:
         doc = run.family.explain(run.model, run.tokenizer, req.text, req.layer, req.head,
                                  req.top, msg("walk.trained_on", source=source))
