@@ -235,39 +235,12 @@ class MultiHeadAttention(nn.Module):
             k = self.rope(k, offset=offset, positions=positions)  # at their own positions
         return k, v
 
-    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """W^Q, W^K, W^V stacked into one (C + 2 nkv hs, C) matrix, and their biases, so that
-        inference projects x once instead of three times (a decoding step is short enough for
-        the calls themselves to count). Built on first use and rebuilt whenever one of the
-        three changes (an optimizer step, ``load_state_dict``, ``.to()``: each bumps the
-        tensor's version or moves its storage); never part of the state dict. None when a
-        projection is not a plain ``Linear`` (a LoRA wrapper)."""
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        if any(type(p) is not Linear for p in projs):
-            return None
-        tensors = [t for p in projs for t in (p.weight, p.bias) if t is not None]
-        try:
-            key = tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
-        except RuntimeError:  # weights made under inference_mode keep no version: no cache
-            return None
-        fused = self.__dict__.get("_fused")
-        if fused is None or fused[0] != key:
-            with torch.no_grad():
-                w = torch.cat([p.weight for p in projs])  # (C + 2 nkv hs, C)
-                b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None \
-                    else None
-            fused = self.__dict__["_fused"] = (key, w, b)
-        return fused[1], fused[2]
-
     def project_self(self, x: torch.Tensor):
-        """x W^Q, x W^K, x W^V (B, T, width each): one call through ``fused_qkv`` at
-        inference, three through the readable modules otherwise (tests hold them equal)."""
-        fused = None if torch.is_grad_enabled() else self.fused_qkv()
-        if fused is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv_width = self.n_kv_head * self.head_size
-        qkv = F.linear(x, *fused)  # (B, T, C + 2 nkv hs)
-        return qkv.split([qkv.shape[-1] - 2 * kv_width, kv_width, kv_width], dim=-1)
+        """x W^Q, x W^K, x W^V (B, T, width each), through the three modules. (A stacked
+        copy of the three weights saved nothing measurable at batch 1, and a copy has to know
+        when the weights change: CPU's fused AdamW updates them without bumping their
+        version.)"""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1

@@ -1,8 +1,7 @@
 """The affine map every projection of the Transformer uses: y = x W^T + b.
 
 ``Linear`` is ``torch.nn.Linear`` (same parameters, same state dict, same computation): one
-class that every projection of the model is, so that the attention can recognise its own
-projections (``MultiHeadAttention.fused_qkv``) and LoRA can find its targets.
+class that every projection of the model is, so that LoRA can find its targets.
 
 Decoding one token feeds a single row through each projection, a matrix-vector product that
 reads every weight once. An earlier version wrote it as one dot product per output
