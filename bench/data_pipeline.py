@@ -280,6 +280,8 @@ def main() -> None:
     sizes, parts = [int(s) for s in args.sizes.split(",")], set(args.only.split(","))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    # train --data prepares into the cache: keep it in the work folder, removed at the end
+    os.environ["MINITRANSFORMER_CACHE"] = str(work / "cache")
     results: dict = {"load_before": os.getloadavg()[0]}
     try:
         for size in sizes:
