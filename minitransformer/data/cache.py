@@ -38,7 +38,7 @@ from ..errors import UserError
 from ..io import atomic_write_json, read_json_object
 from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
-from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, default_workers
+from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, char_alphabet, default_workers
 from .reading import BLOCK_BYTES, sample_lines
 from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_stream
 from .sources import TABLES, Document, fingerprint, read_documents, source_files
@@ -163,11 +163,8 @@ def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
     elif tokenizer is not None:
         for _ in docs:
             pass
-    elif kind == "char":
-        alphabet: set[str] = set()
-        for i, doc in enumerate(docs):
-            alphabet.update(doc.text if i == 0 else CHAR_SEPARATOR + doc.text)
-        tokenizer = CharTokenizer(sorted(alphabet))
+    elif kind == "char":  # prepare's own pass: every character, sorted by code point
+        tokenizer = CharTokenizer(char_alphabet(_blocks(docs))[0])
     else:  # every line up to DEFAULT_BPE_SAMPLE bytes: fit_tokenizer's fit on the whole text
         total = sum(p.stat().st_size for p in files)
         lines, head, n = sample_lines(_blocks(docs), total, DEFAULT_BPE_SAMPLE)
