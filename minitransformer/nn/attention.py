@@ -209,12 +209,10 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, width // self.head_size, self.head_size).transpose(1, 2)
 
     def queries(self, x: torch.Tensor, offset: int, rotate: bool = True,
-                positions: torch.Tensor | None = None, projected: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """q = x W^Q split into heads (B, nh, Tq, hs), QK-normed, RoPE-rotated from position
-        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``. ``projected``:
-        x W^Q already computed (B, Tq, C)."""
-        q = self.split_heads(self.q_proj(x) if projected is None else projected)
+        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``."""
+        q = self.split_heads(self.q_proj(x))
         if self.q_norm is not None:
             q = self.q_norm(q)  # (B, nh, Tq, hs)
         if rotate and self.rope is not None:
@@ -222,25 +220,16 @@ class MultiHeadAttention(nn.Module):
         return q
 
     def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True,
-                    positions: torch.Tensor | None = None,
-                    projected: tuple[torch.Tensor, torch.Tensor] | None = None):
+                    positions: torch.Tensor | None = None):
         """k = src W^K (QK-normed, RoPE-rotated when ``rotate``) and v = src W^V, each
-        (B, nkv, Tk, hs). ``projected``: (src W^K, src W^V) already computed."""
-        k_lin, v_lin = (self.k_proj(src), self.v_proj(src)) if projected is None else projected
-        k = self.split_heads(k_lin)  # (B, nkv, Tk, hs)
-        v = self.split_heads(v_lin)  # (B, nkv, Tk, hs)
+        (B, nkv, Tk, hs)."""
+        k = self.split_heads(self.k_proj(src))  # (B, nkv, Tk, hs)
+        v = self.split_heads(self.v_proj(src))  # (B, nkv, Tk, hs)
         if self.k_norm is not None:
             k = self.k_norm(k)
         if rotate and self.rope is not None:
             k = self.rope(k, offset=offset, positions=positions)  # at their own positions
         return k, v
-
-    def project_self(self, x: torch.Tensor):
-        """x W^Q, x W^K, x W^V (B, T, width each), through the three modules. (A stacked
-        copy of the three weights saved nothing measurable at batch 1, and a copy has to know
-        when the weights change: CPU's fused AdamW updates them without bumping their
-        version.)"""
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1
@@ -263,16 +252,12 @@ class MultiHeadAttention(nn.Module):
         b, t_q, c = x.shape
         cross = context is not None
         past = cache.length if (cache is not None and not cross) else 0  # cached positions
-        if cross:
-            q = self.queries(x, offset=0, rotate=False)  # (B, nh, Tq, hs)
-        else:
-            q_lin, k_lin, v_lin = self.project_self(x)  # (B, Tq, width) each
-            q = self.queries(x, past, positions=positions, projected=q_lin)  # (B, nh, Tq, hs)
+        q = self.queries(x, offset=past, rotate=not cross, positions=positions)  # (B,nh,Tq,hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
             k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:
-            k, v = (self.keys_values(context, offset=0, rotate=False) if cross else
-                    self.keys_values(x, past, positions=positions, projected=(k_lin, v_lin)))
+            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross,
+                                    positions=positions)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)
