@@ -153,7 +153,7 @@ def train_file(kind: str, train: str, held_out: str, folder: Path) -> Path:
 
 
 def bits_per_char(iters: int, vocab: int, preset: str = "debug", corpora=CORPORA,
-                  kinds=KINDS, seeds=(1337,)) -> dict:
+                  kinds=KINDS, seeds=(1337,), evals: int = 10) -> dict:
     """{corpus: {kind: [{"bpc", "tokens_per_char", "bits_per_token", "seconds", "vocab",
     "seed"} per seed]}}, measured on the held-out tenth of each corpus."""
     out = {}
@@ -171,7 +171,7 @@ def bits_per_char(iters: int, vocab: int, preset: str = "debug", corpora=CORPORA
                                 "--tokenizer", kind, *flags, "--preset", preset,
                                 "--seed", str(seed), "--time_budget", "none",
                                 "--max_iters", str(iters), "--eval_iters", "50",
-                                "--eval_interval", str(max(1, iters // 4)),
+                                "--eval_interval", str(max(1, iters // evals)),
                                 "--sample_tokens", "0", "--quiet", "--out", str(run)])
                 if code:
                     raise SystemExit(f"training failed: {corpus} {kind}")
@@ -227,12 +227,14 @@ def main() -> None:
     p.add_argument("--corpora", default=",".join(CORPORA), help="corpora of the runs")
     p.add_argument("--kinds", default=",".join(KINDS), help="tokenizers of the runs")
     p.add_argument("--seeds", default="1337", help="seeds of the runs, comma-separated")
+    p.add_argument("--evals", type=int, default=10,
+                   help="evaluations per run; each run keeps the model of its best one")
     p.add_argument("--runs_only", action="store_true", help="skip the tokens-per-char table")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     a = p.parse_args()
     tpc = {} if a.runs_only else tokens_per_char()
     bpc = bits_per_char(a.iters, a.vocab, a.preset, a.corpora.split(","),
-                        a.kinds.split(","), [int(x) for x in a.seeds.split(",")]
+                        a.kinds.split(","), [int(x) for x in a.seeds.split(",")], a.evals
                         ) if a.iters > 0 else None
     print(report(tpc, bpc, a.iters, a.vocab, a.preset))
     if a.json:

@@ -170,7 +170,7 @@ def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
                         help="char: one id per character; bpe-bytes: GPT-2's byte-level BPE; "
                              "bpe-chars: BPE from whole characters with byte fallback (for "
                              "Chinese); bpe: bpe-chars for a mostly-CJK corpus and "
-                             "--vocab_size >= 2000, else bpe-bytes; BPE learns --vocab_size "
+                             "--vocab_size >= 3000, else bpe-bytes; BPE learns --vocab_size "
                              "entries (default 1024); seq2seq always uses a joint BPE "
                              "(default char)")
 

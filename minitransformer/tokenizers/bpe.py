@@ -15,8 +15,11 @@ Three ways to start:
 - ``train_chars``: character-initial, for Chinese (and Japanese) text. Each character starts
   as one symbol; the rarest characters are left out of the alphabet and spelt as their UTF-8
   bytes (``<0xE4>``-style tokens, byte fallback as in SentencePiece and Llama), so any string
-  still encodes and decodes back exactly. Pieces may cross punctuation (Chinese has no spaces
-  to cut at: ``曰：`` and ``。\n`` recur), never a line end.
+  still encodes and decodes back exactly. Chinese has no spaces, so the pieces merges work
+  within are runs of letters and digits (a space before them joined on) and runs of the
+  rest (punctuation, spaces), which end at a line end: ``子曰``, ``：``, ``学而时习之``,
+  ``。\n``. Letting pieces run across punctuation encodes shorter but predicts worse
+  (docs/BENCHMARKS.md, "Chinese tokenizers").
 
 Use::
 
@@ -49,6 +52,10 @@ ALPHABET_SHARE = 0.7
 # symbol trained on a handful of examples. bench/tokenizers_zh.py measured it: 0.975 leaves
 # out the characters seen under 5 times in sayings, once in tang.
 CHAR_COVERAGE = 0.975
+# The pieces of character-initial BPE: a run of letters, marks and digits (one space before
+# it joined on), or a run of anything else up to and including a line end. A newline always
+# ends a piece, so text may be cut after one without changing an id (data/pieces.py).
+CHAR_PIECES = r" ?[\p{L}\p{M}\p{N}]+|[^\p{L}\p{M}\p{N}\n]*\n|[^\p{L}\p{M}\p{N}\n]+"
 
 
 def _gpt2_byte_chars() -> dict[str, int]:
@@ -127,7 +134,7 @@ class BPETokenizer:
                             f"{len(special_tokens)} special)")
         n_chars = _covering(texts, char_coverage)
         tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n"), behavior="merged_with_previous")
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated")
         trainer = trainers.BpeTrainer(
             vocab_size=budget + len(special_tokens), min_frequency=min_frequency,
             special_tokens=special_tokens, show_progress=False,
