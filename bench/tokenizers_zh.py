@@ -7,9 +7,8 @@ sizes, then val bits per character after the same short training budget.
 
 Tokens per character: each tokenizer fitted on the whole corpus (as ``train`` fits it), then
 the corpus encoded, divided by its length in characters. ``bytes, lines`` is an ablation:
-byte-level BPE whose pieces, like the character-initial ones, may cross punctuation (split
-at line ends only); it separates what the pre-tokenizer gives from what starting at
-characters gives.
+byte-level BPE whose pieces may cross punctuation (split at line ends only); it shows how much
+shorter merges across punctuation would encode.
 
 Bits per character: the last 10% of each corpus (cut at a line start) is held out; every
 tokenizer is fitted on the rest only, and ``train --preset debug --max_iters N`` trains on
