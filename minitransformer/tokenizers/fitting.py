@@ -25,8 +25,8 @@ TOKENIZERS = ("char", "bpe", "bpe-bytes", "bpe-chars")
 DEFAULT_BPE_VOCAB = 1024
 GPT_SPECIALS = ("<|endoftext|>",)  # GPT-2's one special token
 # From this vocabulary size on, character-initial BPE cuts the bundled Chinese corpora into
-# fewer tokens than byte-level BPE (bench/tokenizers_zh.py:
-# from 2,000 on tang, from 3,000 on sayings).
+# fewer tokens than byte-level BPE (bench/tokenizers_zh.py: from 2,000 on tang, from 3,000
+# on sayings).
 CHARS_FROM_VOCAB = 3000
 CJK_MAJORITY = 0.5  # "mostly CJK": over half of the non-space characters
 CJK_RANGES = ((0x2E80, 0x9FFF),    # radicals, CJK punctuation, kana, ideographs
