@@ -53,7 +53,7 @@ def timed_generate(model, idx: torch.Tensor, new_tokens: int, threads: str, **kw
     set_threads()
     before = torch.get_num_threads()
     if threads == "sample":
-        decoding_threads(model, torch.device("cpu"))
+        decoding_threads(model, torch.device("cpu"), idx.shape[0])
     n_threads = torch.get_num_threads()
     try:
         model.generate(idx, 8, **kw)  # warm-up

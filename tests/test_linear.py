@@ -1,4 +1,4 @@
-"""Linear: nn.Linear's parameters and results."""
+"""Linear: nn.Linear's parameters and results, on the reference path and the packed one."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from minitransformer.nn import linear as linear_mod
+from minitransformer.nn.attention import MultiHeadAttention
+from minitransformer.nn.feedforward import FeedForward
 from minitransformer.nn.linear import Linear
 from minitransformer.training import device as device_mod
 
@@ -55,3 +59,136 @@ def test_decoding_threads_leaves_omp_num_threads_alone(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     n = torch.get_num_threads()
     assert device_mod.decoding_threads(ThreadSensitive(True), torch.device("cpu")) == n
+
+
+# ---- the decoding path: weights packed for oneDNN inside ``packed_weights`` ------------------
+
+needs_packing = pytest.mark.skipif(not linear_mod.packing_works(),
+                                   reason="this PyTorch build has no oneDNN packed linear")
+
+
+@pytest.fixture(autouse=True)
+def _pack_small(monkeypatch):
+    """These tests' layers are tiny: pack them all (outside tests only weights of 256 KB and
+    more are packed)."""
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+
+
+@needs_packing
+def test_small_weights_keep_blas(monkeypatch):
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 24 * 40 + 1)
+    small, large = Linear(24, 40), Linear(24, 41)
+    with linear_mod.packed_weights(nn.Sequential(small, large)):
+        assert small.packed is None and large.packed is not None
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (8, 24), (2, 3, 24), (1, 1, 24)])
+def test_packed_path_equals_f_linear(bias, shape):
+    layer = Linear(24, 40, bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        ref = F.linear(x, layer.weight, layer.bias)
+        with linear_mod.packed_weights(layer):
+            assert layer.packed is not None
+            y = layer(x)
+            strided = layer(torch.randn(*shape[:-1], 48)[..., ::2])  # a non-contiguous input
+    assert layer.packed is None  # dropped when the scope closes
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    assert strided.shape == ref.shape
+
+
+@needs_packing
+def test_gradients_and_other_dtypes_keep_the_reference_path():
+    layer = Linear(24, 40)
+    x = torch.randn(3, 24, requires_grad=True)
+    with linear_mod.packed_weights(layer):
+        layer(x).sum().backward()  # grad mode: F.linear, so gradients reach the weight
+        assert layer.weight.grad is not None and x.grad is not None
+    double = Linear(24, 40).double()
+    with linear_mod.packed_weights(double):
+        assert double.packed is None  # oneDNN packs fp32 only
+
+
+@needs_packing
+def test_nested_scopes_keep_the_outer_copy_and_errors_still_unpack():
+    layer = Linear(24, 40)
+    with linear_mod.packed_weights(layer):
+        outer = layer.packed
+        with linear_mod.packed_weights(layer):
+            assert layer.packed is outer
+        assert layer.packed is outer  # the inner scope took nothing, so dropped nothing
+    with pytest.raises(RuntimeError), linear_mod.packed_weights(layer):
+        raise RuntimeError("boom")
+    assert layer.packed is None
+
+
+def test_without_onednn_nothing_is_packed(monkeypatch):
+    monkeypatch.setattr(linear_mod, "packing_works", lambda: False)
+    layer = Linear(24, 40)
+    with linear_mod.packed_weights(layer):
+        assert layer.packed is None
+
+
+@needs_packing
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False), dict(n_kv_head=1),
+                                dict(qk_norm=True)])
+def test_stacked_qkv_equals_the_three_projections(kw):
+    attn = MultiHeadAttention(32, 4, causal=True, **kw).eval()
+    x = torch.randn(2, 5, 32)
+    with torch.inference_mode():
+        ref, _ = attn(x)
+        with linear_mod.packed_weights(attn):
+            assert attn.packed_qkv is not None
+            y, _ = attn(x)
+        assert attn.packed_qkv is None
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+def test_packed_generation_sees_each_optimizer_step(make_gpt):
+    # The pack is taken per generate call: a step of CPU's fused AdamW (which does not bump
+    # the weights' version counters) in between is seen by the next call.
+    model = make_gpt(scale=0.3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    for _ in range(2):
+        out = model.generate(prompt, 6, temperature=0)
+        with torch.no_grad():  # the reference path: no cache, no packing
+            ref = model.generate(prompt, 6, temperature=0, use_cache=False)
+        assert torch.equal(out, ref)
+        model.train()
+        logits, loss = model(torch.randint(0, 13, (2, 8)), torch.randint(0, 13, (2, 8)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.eval()
+    assert all(m.packed is None for m in model.modules() if isinstance(m, Linear))
+
+
+def test_only_plain_fp32_tensors_are_packable(monkeypatch):
+    class Sharded(torch.Tensor):  # FSDP's DTensor parameters are a subclass like this
+        pass
+
+    w = torch.randn(40, 24)
+    assert linear_mod.packable(w) == linear_mod.packing_works()
+    assert not linear_mod.packable(w.as_subclass(Sharded))
+    assert not linear_mod.packable(w.double())
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 2 * w.numel())
+    assert linear_mod.packable(w, w) == linear_mod.packing_works()  # stacked: counted together
+    assert not linear_mod.packable(w)
+
+
+@needs_packing
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "relu2"])
+def test_feedforward_with_its_activation_fused_equals_the_reference(activation):
+    ffn = FeedForward(32, 64, activation).eval()
+    x = torch.randn(2, 3, 32)
+    with torch.inference_mode():
+        ref = ffn(x)
+        with linear_mod.packed_weights(ffn):
+            y = ffn(x)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    fused = linear_mod.fused_activation(ffn.act)
+    assert (fused is None) == (activation == "relu2")  # ReLU^2 has no oneDNN post-op

@@ -8,6 +8,7 @@ must get its status and an error in OpenAI's shape, and the server must keep ser
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ import torch
 
 from minitransformer.cli import main
 from minitransformer.families import load_run
+from minitransformer.nn import linear as linear_mod
 from minitransformer.serve import Settings, create_app, running
 
 openai = pytest.importorskip("openai", reason="openai is in the test extra")
@@ -211,6 +213,20 @@ def test_no_docs_pages_but_openapi(url):
         except urllib.error.HTTPError as e:
             status = e.code
         assert status == want, path
+
+
+def test_the_server_packs_its_model_once_for_its_life(run, monkeypatch):
+    """The worker holds the model's packed weights (nn.linear.packed_weights) from its start
+    to its stop: a served model never trains, so they cannot go stale."""
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)  # the debug model's weights too
+    app = create_app(run, Settings(model_id="tiny"))
+    head = run.model.lm_head
+    try:
+        seen = asyncio.run(asyncio.wait_for(
+            app.state.worker.call(lambda job: head.packed is not None), 20))
+    finally:
+        app.state.worker.stop()
+    assert seen == linear_mod.packing_works() and head.packed is None
 
 
 def test_api_key_queue_limit_and_disconnect(run):

@@ -4,6 +4,7 @@ held-back text, the queue's limit, the host check, and the command's exit codes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import threading
@@ -133,6 +134,28 @@ def test_a_full_queue_is_a_429():
     finally:
         gate.set()
         worker.stop()
+
+
+def test_the_worker_runs_every_job_inside_its_scope():
+    entered = []
+
+    @contextlib.contextmanager
+    def scope():
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    worker = Worker(scope=scope)
+    worker.start()
+
+    async def scenario():
+        return [await worker.call(lambda job: list(entered)) for _ in range(2)]
+
+    try:
+        seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        worker.stop()
+    assert seen == [["in"], ["in"]] and entered == ["in", "out"]  # once, for every job
 
 
 @pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),

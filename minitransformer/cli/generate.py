@@ -150,7 +150,7 @@ def cmd_sample(args) -> int:
         raise UserError("give a run folder to sample from (or --hf PATH)")
     run = load_run(args.dir, args.which, device)
     run.family.require("sample")
-    decoding_threads(run.model, device)
+    decoding_threads(run.model, device, args.num_samples)
     _write_samples(run.model, run.tokenizer, run.tokenizer.encode(args.prompt), args, device)
     return 0
 

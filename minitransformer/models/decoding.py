@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .generation import inference_scope
+
 
 @dataclass
 class Decoded:
@@ -91,9 +93,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     Scores are log-probabilities (no length penalty).
     """
     c = model.config
-    was_training = model.training
-    model.eval()
-    try:
+    with inference_scope(model, use_cache):
         b = src.shape[0]
         max_len = default_max_len(model, src) if max_len is None else max_len
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
@@ -122,8 +122,6 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
             memory, src_mask = memory[keep], src_mask[keep]
             _select_rows(keep, cache, keep)
         return Decoded(out, scores)
-    finally:
-        model.train(was_training)
 
 
 @torch.no_grad()
@@ -138,9 +136,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
     k = beam_size
     if k < 1:
         raise ValueError(f"beam size must be at least 1, got {k}")
-    was_training = model.training
-    model.eval()
-    try:
+    with inference_scope(model, use_cache):
         b, dev = src.shape[0], src.device
         max_len = default_max_len(model, src) if max_len is None else max_len
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
@@ -207,8 +203,6 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 memory, src_mask = memory[by], src_mask[by]
                 _select_rows(keep_rows, cache, keep)
         return Decoded(out, best.tolist())
-    finally:
-        model.train(was_training)
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> torch.Tensor:
@@ -232,18 +226,19 @@ def translate_many(model, sources: list[list[int]], beam_size: int = 1,
     device = device or next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
-        if beam_size <= 1:
-            decoded = greedy_decode(model, src, max_len, min_len=min_len)
-        else:
-            decoded = beam_search(model, src, beam_size, max_len, length_penalty,
-                                  min_len=min_len)
-        for i, toks in zip(chunk, decoded.tokens, strict=True):
-            results[i] = toks
-        if progress is not None:
-            progress(len(chunk))
+    with inference_scope(model):  # the weights packed once for every batch
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
+            if beam_size <= 1:
+                decoded = greedy_decode(model, src, max_len, min_len=min_len)
+            else:
+                decoded = beam_search(model, src, beam_size, max_len, length_penalty,
+                                      min_len=min_len)
+            for i, toks in zip(chunk, decoded.tokens, strict=True):
+                results[i] = toks
+            if progress is not None:
+                progress(len(chunk))
     return results
 
 

@@ -29,10 +29,13 @@ Shapes: B batch, T time, V vocabulary size.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
+
+from ..nn.linear import packed_weights
 
 ContextMode = Literal["recompute", "roll"]
 ROLLABLE = ("rope", "alibi", "none")  # absolute positions are part of every cached key
@@ -126,6 +129,20 @@ def roll_cache(model, cache, n: int) -> None:
         layer.self_attn.drop_front(self_cache, n)
 
 
+@contextlib.contextmanager
+def inference_scope(model, use_cache: bool = True):
+    """Decoding with ``model``: eval mode (the mode it had is restored at the end) and, for
+    cached decoding, its weights packed for one-row products (``nn.linear.packed_weights``);
+    the uncached reference path keeps the plain weights."""
+    was_training = model.training
+    model.eval()
+    try:
+        with packed_weights(model) if use_cache else contextlib.nullcontext():
+            yield
+    finally:
+        model.train(was_training)
+
+
 @torch.inference_mode()
 def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None,
@@ -144,10 +161,8 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     shift = default_context_shift(c.block_size) if context_shift is None else context_shift
     check_context(c.block_size, shift, context_mode, c.pos_encoding)
     generators = row_generators(seed, idx.shape[0], idx.device)
-    was_training = model.training
-    model.eval()
     cache, start = None, 0
-    try:
+    with inference_scope(model, use_cache):
         for _ in range(max_new_tokens):
             new_start = window_start(idx.shape[1], start, c.block_size, shift)
             if not use_cache:
@@ -163,5 +178,3 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generators)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
             yield nxt
-    finally:
-        model.train(was_training)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..nn.linear import packed_weights
 from .generation import check_context, default_context_shift, sample_next, window_start
 
 
@@ -118,10 +119,11 @@ def generate_ragged(model, prompts: Sequence[Sequence[int]], max_new_tokens: int
     batch = RaggedBatch(model, prompts, context_shift)
     out: list[list[int]] = [[] for _ in prompts]
     batch.finish(r for r in batch.rows if wants[r] == 0)
-    while batch.rows:
-        nxt = sample_next(batch.next_logits(), temperature, top_k, top_p)  # (B, 1)
-        batch.push(nxt)
-        for r, token in zip(batch.rows, nxt[:, 0].tolist(), strict=True):
-            out[r].append(token)
-        batch.finish(r for r in batch.rows if len(out[r]) == wants[r])
+    with packed_weights(model):
+        while batch.rows:
+            nxt = sample_next(batch.next_logits(), temperature, top_k, top_p)  # (B, 1)
+            batch.push(nxt)
+            for r, token in zip(batch.rows, nxt[:, 0].tolist(), strict=True):
+                out[r].append(token)
+            batch.finish(r for r in batch.rows if len(out[r]) == wants[r])
     return out

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear
+from .linear import Linear, Packable, pack, packable, packed_linear, use_packed
 from .mask import causal_mask, combine
 from .norm import RMSNorm
 from .positional import ALiBi, RotaryEmbedding
@@ -155,7 +155,7 @@ def ungroup(x: torch.Tensor, group: int, t_q: int) -> torch.Tensor:
     return x.reshape(n, nh, group, t_q, d).transpose(1, 2).reshape(n * group, nh, t_q, d)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(nn.Module, Packable):
     """Implements MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2).
 
     Self-attention when ``context`` is None, cross-attention otherwise (queries from ``x``,
@@ -163,6 +163,8 @@ class MultiHeadAttention(nn.Module):
     decoder's look-ahead mask. ``rope`` / ``alibi`` add relative position information inside
     self-attention. ``n_kv_head`` (default n_head) and ``qk_norm``: see the module docstring.
     """
+
+    packed_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # ``pack_weights``
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, attn_impl: AttnImpl = "auto",
@@ -209,10 +211,12 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, width // self.head_size, self.head_size).transpose(1, 2)
 
     def queries(self, x: torch.Tensor, offset: int, rotate: bool = True,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, projected: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """q = x W^Q split into heads (B, nh, Tq, hs), QK-normed, RoPE-rotated from position
-        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``."""
-        q = self.split_heads(self.q_proj(x))
+        ``offset`` (or at per-row ``positions`` (B, Tq)) when ``rotate``. ``projected``:
+        x W^Q already computed (B, Tq, C)."""
+        q = self.split_heads(self.q_proj(x) if projected is None else projected)
         if self.q_norm is not None:
             q = self.q_norm(q)  # (B, nh, Tq, hs)
         if rotate and self.rope is not None:
@@ -220,16 +224,45 @@ class MultiHeadAttention(nn.Module):
         return q
 
     def keys_values(self, src: torch.Tensor, offset: int, rotate: bool = True,
-                    positions: torch.Tensor | None = None):
+                    positions: torch.Tensor | None = None,
+                    projected: tuple[torch.Tensor, torch.Tensor] | None = None):
         """k = src W^K (QK-normed, RoPE-rotated when ``rotate``) and v = src W^V, each
-        (B, nkv, Tk, hs)."""
-        k = self.split_heads(self.k_proj(src))  # (B, nkv, Tk, hs)
-        v = self.split_heads(self.v_proj(src))  # (B, nkv, Tk, hs)
+        (B, nkv, Tk, hs). ``projected``: (src W^K, src W^V) already computed."""
+        k_lin, v_lin = (self.k_proj(src), self.v_proj(src)) if projected is None else projected
+        k = self.split_heads(k_lin)  # (B, nkv, Tk, hs)
+        v = self.split_heads(v_lin)  # (B, nkv, Tk, hs)
         if self.k_norm is not None:
             k = self.k_norm(k)
         if rotate and self.rope is not None:
             k = self.rope(k, offset=offset, positions=positions)  # at their own positions
         return k, v
+
+    def project_self(self, x: torch.Tensor):
+        """x W^Q, x W^K, x W^V (B, T, width each): through the three modules, or inside
+        ``packed_weights`` as one product with the three weights stacked, [W^Q; W^K; W^V],
+        which reads them in one call (a decoding step's three small products are each too
+        short to keep every core busy)."""
+        if use_packed(self.packed_qkv, x):
+            w, b = self.packed_qkv
+            widths = (self.q_proj.out_features, self.k_proj.out_features,
+                      self.v_proj.out_features)
+            return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def pack_weights(self) -> bool:
+        """Stack and pack W^Q, W^K, W^V for ``project_self`` (plain ``Linear``s only: a LoRA
+        wrapper adds its own path to a projection)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if self.packed_qkv is not None or not all(type(p) is Linear for p in projs) or \
+                not packable(*(p.weight for p in projs)):
+            return False
+        w = torch.cat([p.weight.detach() for p in projs])  # (C + 2 nkv hs, C)
+        b = None if self.q_proj.bias is None else torch.cat([p.bias.detach() for p in projs])
+        self.packed_qkv = (pack(w), b)
+        return True
+
+    def unpack_weights(self) -> None:
+        self.packed_qkv = None
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1
@@ -252,12 +285,16 @@ class MultiHeadAttention(nn.Module):
         b, t_q, c = x.shape
         cross = context is not None
         past = cache.length if (cache is not None and not cross) else 0  # cached positions
-        q = self.queries(x, offset=past, rotate=not cross, positions=positions)  # (B,nh,Tq,hs)
+        if cross:
+            q = self.queries(x, offset=0, rotate=False)  # (B, nh, Tq, hs)
+        else:
+            q_lin, k_lin, v_lin = self.project_self(x)  # (B, Tq, width) each
+            q = self.queries(x, past, positions=positions, projected=q_lin)  # (B, nh, Tq, hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
             k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:
-            k, v = self.keys_values(context if cross else x, offset=past, rotate=not cross,
-                                    positions=positions)
+            k, v = (self.keys_values(context, offset=0, rotate=False) if cross else
+                    self.keys_values(x, past, positions=positions, projected=(k_lin, v_lin)))
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear
+from .linear import Linear, linear_then
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu"]
 
@@ -58,7 +58,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.fc(x))  # (B, T, F)
+        h = linear_then(self.fc, x, self.act)  # act(x W1 + b1): (B, T, F)
         if self.training:  # dropout is the identity at inference
             h = self.dropout(h)
         return self.proj(h)  # (B, T, C)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..nn.linear import packed_weights
 from . import completions as cmpl
 from . import playground
 from .errors import APIError, install_handlers
@@ -46,7 +47,8 @@ class Settings:
 def create_app(run, settings: Settings | None = None) -> FastAPI:
     """The app serving one loaded ``families.Run``; its worker thread starts here."""
     settings = settings or Settings(model_id=run.folder.name or "model")
-    worker = Worker(settings.max_queue, settings.max_batch)
+    worker = Worker(settings.max_queue, settings.max_batch,
+                    scope=lambda: packed_weights(run.model))
     worker.start()
 
     @asynccontextmanager

@@ -11,6 +11,10 @@ job, it also takes the queued jobs with the same key (up to ``max_batch``) and r
 together through ``batch_fn(jobs)``, one result per job, each still emitting its own events.
 
 Admission: at most ``max_queue`` jobs waiting or running; one more is refused (429).
+
+Scope: the thread runs every job inside ``scope()``; the app passes the model's packed
+weights (``nn.linear.packed_weights``), taken once for the server's life, since its model never
+trains.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from .errors import APIError
@@ -51,8 +56,10 @@ def _as_api_error(e: Exception) -> APIError:
 class Worker:
     """The queue and its thread; ``start`` once, ``stop`` at shutdown."""
 
-    def __init__(self, max_queue: int = 64, max_batch: int = 1):
+    def __init__(self, max_queue: int = 64, max_batch: int = 1,
+                 scope: Callable[[], AbstractContextManager] = nullcontext):
         self.max_queue, self.max_batch = max_queue, max_batch
+        self.scope = scope  # entered by the thread around all its jobs (the packed weights)
         self._jobs: deque = deque()
         self._ready = threading.Condition()
         self._outstanding = 0  # waiting + running
@@ -114,8 +121,9 @@ class Worker:
                 job.emit(_DONE)
 
     def _loop(self) -> None:
-        while (group := self._next()) is not None:
-            self._run(group)
+        with self.scope():
+            while (group := self._next()) is not None:
+                self._run(group)
 
     def submit(self, fn: Callable[[Job], Any], batch_key: Hashable | None = None,
                batch_fn: Callable[[list[Job]], list[Any]] | None = None,

@@ -10,6 +10,7 @@ import time
 import torch
 
 from ..errors import UserError
+from ..nn.linear import packed_weights
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -94,20 +95,21 @@ class EagerFallback(torch.nn.Module):
         return self.eager(*args, **kwargs)
 
 
-def decoding_threads(model: torch.nn.Module, device: torch.device) -> int:
-    """Pick the CPU thread count for decoding one sequence; returns it.
+def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 1) -> int:
+    """Pick the CPU thread count for decoding ``batch`` sequences together; returns it.
 
     Each decoding step runs many small kernels that read their weights once, so the step is
     bound by memory: on an idle machine every core reading its share is faster (1.3x with 2
     cores here). When other programs hold the cores, though, a second thread's share of
     each kernel waits for a core, and decoding gets several times slower than on one thread.
     So a few one-token steps are timed both ways (a few milliseconds for small models) and
-    the faster count is kept. OMP_NUM_THREADS, when set, wins.
+    the faster count is kept. The steps are timed as generation runs them (``batch`` rows,
+    packed weights). OMP_NUM_THREADS, when set, wins.
     """
     n = torch.get_num_threads()
     if device.type != "cpu" or n == 1 or "OMP_NUM_THREADS" in os.environ:
         return n
-    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
 
@@ -122,7 +124,8 @@ def decoding_threads(model: torch.nn.Module, device: torch.device) -> int:
         return min(times[1:])
 
     try:
-        many, one = step_seconds(n), step_seconds(1)
+        with packed_weights(model):
+            many, one = step_seconds(n), step_seconds(1)
     finally:
         model.train(was_training)
     best = n if many < one else 1
