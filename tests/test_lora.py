@@ -317,6 +317,7 @@ def test_two_data_parallel_processes_train_the_adapters_as_one_does(lora_run, tm
         assert done.returncode == 0, done.stdout + done.stderr
     one, two = ([float(r["train_loss"]) for r in _log(tmp_path / run) if r["train_loss"]]
                 for run in ("one", "two"))
-    assert len(one) == 6 and one == pytest.approx(two, abs=1e-5)
+    # log.csv rounds to 5 decimals: losses equal to 1e-6 can print one last digit apart
+    assert len(one) == 6 and one == pytest.approx(two, abs=1.5e-5)
     a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
