@@ -18,7 +18,9 @@ log-likelihood of the held-out text under that model, in bits, divided by its nu
 characters: the same text for every tokenizer, every token scored once with at least half a
 window of context. Every run has the same model, context in tokens, batch and steps; a BPE
 step sees more text (a token holds more than one character) and costs a little more (a
-larger output layer), so the seconds are reported beside it.
+larger output layer), so the seconds are reported beside it. Where the bits go: each token's
+bits are put on the last character it covers, and the held-out characters grouped by how
+often they occur in the training text (never, 1-4, 5-49, 50 or more times).
 
 Why held out: fitted on the whole corpus, as ``train`` fits it, a tokenizer learns pieces
 that occur only in the val split, which the model then meets untrained (9% of the val tokens
@@ -38,6 +40,7 @@ import math
 import os
 import statistics
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -106,15 +109,16 @@ def held_out_split(text: str, fraction: float = HELD_OUT) -> tuple[str, str]:
 
 
 @torch.no_grad()
-def held_out_bits(run: Path, text: str, batch: int = 256) -> tuple[float, int]:
-    """(total negative log-likelihood of ``text`` in bits, its number of tokens) under the
-    run's best model. Every token after the first is predicted: windows of ``block_size``
-    tokens advance by half a window, and each token is scored once, in the first window
-    that gives it at least half a window of context (all of them in the first window)."""
+def held_out_bits(run: Path, text: str, batch: int = 256) -> tuple[float, int, list[float]]:
+    """(total negative log-likelihood of ``text`` in bits, its number of tokens, the bits of
+    each of its characters) under the run's best model. Every token after the first is
+    predicted: windows of ``block_size`` tokens advance by half a window, and each token is
+    scored once, in the first window that gives it at least half a window of context (all of
+    them in the first window). A token's bits go to the last character it covers."""
     loaded = load_run(run)
     model, tok = loaded.model, loaded.tokenizer
     t = loaded.meta["model"]["block_size"]
-    ids = tok.encode("\n" + text)  # the line end before the held-out text, as context
+    ids, ends = token_ends(tok, "\n" + text)  # the line end before the held-out text, as context
     assert tok.decode(ids[:1]) == "\n" and tok.decode(ids[1:]) == text
     ids = torch.tensor(ids, dtype=torch.long)
     n, stride = len(ids), t // 2
@@ -129,14 +133,47 @@ def held_out_bits(run: Path, text: str, batch: int = 256) -> tuple[float, int]:
         if end == n - 1:
             break
     assert sum(int((y >= 0).sum()) for y in ys) == n - 1  # every target once
-    nll = 0.0
-    for same in ((xs[:-1], ys[:-1]), (xs[-1:], ys[-1:])):  # full windows, then the last
-        for i in range(0, len(same[0]), batch):
-            x, y = torch.stack(same[0][i:i + batch]), torch.stack(same[1][i:i + batch])
+    per_token = torch.zeros(n)  # nats of each token (the first, context only, stays 0)
+    starts = [i * stride for i in range(len(xs))]
+    for same in ((slice(0, len(xs) - 1)), slice(len(xs) - 1, len(xs))):  # full, then the last
+        group = range(len(xs))[same]
+        for i in range(0, len(group), batch):
+            rows = group[i:i + batch]
+            x, y = torch.stack([xs[r] for r in rows]), torch.stack([ys[r] for r in rows])
             logits = model(x)[0]  # (B, T, V)
-            nll += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1,
-                                   reduction="sum").item()
-    return nll / math.log(2), n - 1
+            nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1,
+                                  reduction="none").view(y.shape)  # (B, T)
+            for r, row_nll, row_y in zip(rows, nll, y, strict=True):
+                scored = (row_y >= 0).nonzero().flatten()
+                per_token[starts[r] + 1 + scored] = row_nll[scored]
+    per_char = [0.0] * len(text)
+    for k in range(1, n):
+        per_char[ends[k] - 2] += float(per_token[k]) / math.log(2)  # -1: the "\n" in front
+    return float(per_token.sum()) / math.log(2), n - 1, per_char
+
+
+def token_ends(tok, text: str) -> tuple[list[int], list[int]]:
+    """(ids of ``text``, the end of the last character each token covers)."""
+    if getattr(tok, "kind", "") == "char":
+        return tok.encode(text), list(range(1, len(text) + 1))
+    enc = tok.hf.encode(text, add_special_tokens=False)
+    return enc.ids, [end for _, end in enc.offsets]
+
+
+FREQUENCY_CLASSES = ((0, 0, "never seen in training"), (1, 4, "seen 1-4 times"),
+                     (5, 49, "seen 5-49 times"), (50, None, "seen 50 times or more"))
+
+
+def by_frequency(per_char: list[float], held_out: str, train: str) -> dict:
+    """{class: (characters, bits per character)}: the held-out characters grouped by how
+    often they occur in the training text."""
+    seen = Counter(train)
+    out = {}
+    for lo, hi, name in FREQUENCY_CLASSES:
+        bits = [b for b, ch in zip(per_char, held_out, strict=True)
+                if seen[ch] >= lo and (hi is None or seen[ch] <= hi)]
+        out[name] = (len(bits), statistics.fmean(bits) if bits else 0.0)
+    return out
 
 
 def train_file(kind: str, train: str, held_out: str, folder: Path) -> Path:
@@ -174,13 +211,14 @@ def bits_per_char(iters: int, vocab: int, preset: str = "debug", corpora=CORPORA
                                 "--sample_tokens", "0", "--quiet", "--out", str(run)])
                 if code:
                     raise SystemExit(f"training failed: {corpus} {kind}")
-                bits, n_tokens = held_out_bits(run, held_out)
+                bits, n_tokens, per_char = held_out_bits(run, held_out)
                 meta = json.loads((run / "config.json").read_text())
                 with open(run / "log.csv", newline="") as f:
                     seconds = max(float(r["elapsed_s"]) for r in csv.DictReader(f))
                 r = {"bpc": bits / len(held_out), "tokens_per_char": n_tokens / len(held_out),
                      "bits_per_token": bits / n_tokens, "seconds": seconds, "seed": seed,
-                     "vocab": meta["model"]["vocab_size"]}
+                     "vocab": meta["model"]["vocab_size"],
+                     "by_frequency": by_frequency(per_char, held_out, train)}
                 out[corpus][kind].append(r)
                 print(corpus, kind, r, flush=True)
     return out
@@ -214,6 +252,18 @@ def report(tpc: dict, bpc: dict | None, iters: int, vocab: int, preset: str) -> 
                 lines.append(f"| {corpus} | {kind} | {runs[0]['vocab']:,} | "
                              f"{mean['tokens_per_char']:.3f} | {mean['bits_per_token']:.3f} | "
                              f"{mean['bpc']:.3f} | {seeds} | {mean['seconds']:.0f} |")
+        lines += ["", "where the bits go: bits per held-out character by how often the "
+                  "character occurs in the training text (a token's bits on the last "
+                  "character it covers; mean over the seeds):", "",
+                  "| corpus | characters | count | " + " | ".join(
+                      k for k in next(iter(bpc.values()))) + " |",
+                  "|---|---|---:|" + "---:|" * len(next(iter(bpc.values())))]
+        for corpus, rows in bpc.items():
+            for _, _, name in FREQUENCY_CLASSES:
+                count = next(iter(rows.values()))[0]["by_frequency"][name][0]
+                cells = [f"{statistics.fmean(r['by_frequency'][name][1] for r in runs):.2f}"
+                         for runs in rows.values()]
+                lines.append(f"| {corpus} | {name} | {count:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -104,7 +104,7 @@ def test_tiktoken_from_our_merges_gives_tokenizers_ids_or_is_not_used():
     with_eot = text + "<|endoftext|>" + text[:500]
     assert make_encoder(spec)(with_eot).tolist() == tok.encode(with_eot)
     chars = fit_tokenizer("bpe-chars", text, 500, GPT_SPECIALS, echo=None)
-    assert choose_encoder(encoder_spec(chars), text)[0]["kind"] == "hf"  # byte fallback
+    assert choose_encoder(encoder_spec(chars), text)[0]["kind"] == "hf"  # its own pieces
 
 
 def test_char_table_lookup_equals_the_tokenizer_and_names_an_unseen_character():

@@ -1,16 +1,18 @@
-"""Character-initial BPE for Chinese: lossless with byte fallback, fewer tokens per character than
-byte-level BPE on the bundled corpora at a vocabulary of 8,000, and the automatic choice."""
+"""Character-initial BPE for Chinese: lossless (the rarest characters in bytes), fewer tokens
+per character than byte-level BPE on the bundled corpora at a vocabulary of 8,000, and the
+automatic choice."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from minitransformer.data import load_text
 from minitransformer.errors import UserError
 from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
-from minitransformer.tokenizers.bpe import BPETokenizer, _covering
+from minitransformer.tokenizers.bpe import CHAR_PIECES, BPETokenizer, _covering
 from minitransformer.tokenizers.fitting import CHARS_FROM_VOCAB, choose_bpe, cjk_share
 
 SAMPLES = [
@@ -41,24 +43,49 @@ def test_round_trip_is_lossless(chars, text):
 
 
 def test_vocabulary_layout(chars):
-    """Specials first, then the 256 byte tokens, then characters and merges."""
+    """Specials first, then the 256 bytes, then the spelling tokens and the merges."""
     assert chars.mode == "chars" and chars.vocab_size == 3000
     assert chars.id_to_token(0) == "<|endoftext|>"
-    assert [chars.id_to_token(1 + b) for b in (0, 0xE4, 0xFF)] == ["<0x00>", "<0xE4>", "<0xFF>"]
-    assert chars.tokens("山") == ["山"]  # a common character is one symbol, not three bytes
-    assert chars.tokens("吃") == ["<0xE5>", "<0x90>", "<0x83>"]  # unseen: its UTF-8 bytes
-    assert [chars.token_bytes(i) for i in chars.encode("吃")] == [b"\xe5", b"\x90", b"\x83"]
+    assert [chars.token_bytes(1 + b) for b in (0, 0xE4, 0xFF)] == [b"\x00", b"\xe4", b"\xff"]
+    assert len(chars.tokens("山")) == 1  # a common character is one symbol, not three bytes
+    # 吃 (E5 90 83) is not in tang: a prefix its Unicode block shares, then its last byte
+    assert [chars.token_bytes(i) for i in chars.encode("吃")] == [b"\xe5\x90", b"\x83"]
+    assert chars.token_to_id(chars.tokens("吃")[0]) < chars.token_to_id(chars.tokens("山")[0])
 
 
 def test_rare_characters_are_spelt_as_bytes():
     """The alphabet covers ``char_coverage`` of the text: a character making up less of it
-    than what is left out is spelt as its UTF-8 bytes (云 is U+4E91: E4 BA 91)."""
+    than what is left out is spelt in bytes (云 is U+4E91: E4 BA 91), its leading two as one
+    token."""
     text = "山" * 60 + "水" * 39 + "云"  # 云 is 1% of the characters
     tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=0.99)
-    assert tok.tokens("云水") == ["<0xE4>", "<0xBA>", "<0x91>", "水"]
+    assert [tok.token_bytes(i) for i in tok.encode("云水")] == [b"\xe4\xba", b"\x91",
+                                                              "水".encode()]
     assert tok.decode(tok.encode("云水山")) == "云水山"
     tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=1.0)
-    assert tok.tokens("云") == ["云"]
+    assert len(tok.tokens("云")) == 1
+
+
+def test_merges_between_characters_start_from_whole_characters():
+    """Underneath, byte-level BPE: the merges that spell each character come first, so a
+    word is cut as the same BPE over characters would cut it."""
+    text = "学而时习之，不亦说乎。\n" * 30 + "有朋自远方来，不亦乐乎。\n" * 20
+    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"])
+    assert [tok.decode([i]) for i in tok.encode("学而时习之")] == ["学而时习之"]  # one token
+    assert [tok.decode([i]) for i in tok.encode("不亦说乎。")] == ["不亦说乎", "。"]
+
+
+def test_earlier_byte_fallback_tokenizers_still_work():
+    """Runs saved before the rare characters went to byte-level prefixes hold a BPE with
+    ``<0xE4>``-style byte-fallback tokens: they load, encode and label as they did."""
+    vocab = {"<s>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "山": 257}
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated")
+    hf.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    old = tokenizer_from_dict({"type": "bpe", "tokenizer": hf.to_str()})
+    assert old.mode == "chars" and old.tokens("山吃") == ["山", "<0xE5>", "<0x90>", "<0x83>"]
+    assert [old.token_bytes(i) for i in old.encode("吃")] == [b"\xe5", b"\x90", b"\x83"]
+    assert old.decode(old.encode("山吃山")) == "山吃山"
 
 
 def test_coverage_counts_characters_and_keeps_ties():

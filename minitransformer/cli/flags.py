@@ -168,9 +168,9 @@ def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                         help="char: one id per character; bpe-bytes: GPT-2's byte-level BPE; "
-                             "bpe-chars: BPE from whole characters with byte fallback (for "
-                             "Chinese); bpe: bpe-chars for a mostly-CJK corpus and "
-                             "--vocab_size >= 3000, else bpe-bytes; BPE learns --vocab_size "
+                             "bpe-chars: BPE from whole characters, the rarest spelt in "
+                             "bytes (for Chinese); bpe: bpe-chars for a mostly-CJK corpus and "
+                             "--vocab_size >= 1500, else bpe-bytes; BPE learns --vocab_size "
                              "entries (default 1024); seq2seq always uses a joint BPE "
                              "(default char)")
 

@@ -12,14 +12,19 @@ Three ways to start:
 - ``byte_level=True``: GPT-2 style. Text is cut into UTF-8 bytes first, so any string
   encodes without ``<unk>`` and decodes back exactly. A Chinese character is three bytes, so
   two merges go into rebuilding each one before any merge can join characters into words.
-- ``train_chars``: character-initial, for Chinese (and Japanese) text. Each character starts
-  as one symbol; the rarest characters are left out of the alphabet and spelt as their UTF-8
-  bytes (``<0xE4>``-style tokens, byte fallback as in SentencePiece and Llama), so any string
-  still encodes and decodes back exactly. Chinese has no spaces, so the pieces merges work
-  within are runs of letters and digits (a space before them joined on) and runs of the
-  rest (punctuation, spaces), which end at a line end: ``子曰``, ``：``, ``学而时习之``,
-  ``。\n``. Letting pieces run across punctuation encodes shorter but predicts worse
-  (docs/BENCHMARKS.md, "Chinese tokenizers").
+- ``train_chars``: character-initial, for Chinese (and Japanese) text. Each character
+  starts as one symbol: underneath it is byte-level BPE whose first merges spell out every
+  character of the alphabet from its UTF-8 bytes, so merges between characters start at once.
+  The rarest characters are left out of the alphabet (SentencePiece's character coverage) and
+  stay in bytes, each spelt as a learnt prefix of its leading bytes plus its last byte
+  (``åĲ`` + ``ĥ`` for 吃): the prefix is shared by the characters of a Unicode block, so a
+  character never seen in training is still two tokens the model knows. Any string encodes
+  and decodes back exactly. Chinese has no spaces, so the pieces merges work within are
+  runs of letters and digits (a space before them joined on) and runs of the rest
+  (punctuation, spaces), which end at a line end: ``子曰``, ``：``, ``学而时习之``, ``。\n``.
+  Letting pieces run across punctuation encodes shorter but predicts worse
+  (docs/BENCHMARKS.md, "Chinese tokenizers"). (Earlier versions spelt the rare characters
+  as three ``<0xE4>``-style byte-fallback tokens; their saved tokenizers still load.)
 
 Use::
 
@@ -48,10 +53,11 @@ BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # the byte-fallback voc
 ALPHABET_SHARE = 0.7
 # The share of the training text's characters that the alphabet must cover, the most frequent
 # characters first (SentencePiece's character_coverage); the rarest characters, making up the
-# rest, are spelt as bytes, whose tokens every rare character shares, instead of each taking a
-# symbol trained on a handful of examples. bench/tokenizers_zh.py measured it: 0.975 leaves
-# out the characters seen under 5 times in sayings, once in tang.
-CHAR_COVERAGE = 0.975
+# rest, are spelt in bytes, whose tokens every rare character of a Unicode block shares,
+# instead of each taking a symbol trained on a handful of examples. bench/tokenizers_zh.py
+# measured 0.95 best of 0.95, 0.975 and 0.99 (and lower ones encode longer than byte-level
+# BPE); it leaves out the characters seen under about 10 times in sayings, 3 in tang.
+CHAR_COVERAGE = 0.95
 # The pieces of character-initial BPE: a run of letters, marks and digits (one space before
 # it joined on), or a run of anything else up to and including a line end. A newline always
 # ends a piece, so text may be cut after one without changing an id (data/pieces.py).
@@ -72,6 +78,7 @@ def _gpt2_byte_chars() -> dict[str, int]:
 
 
 GPT2_BYTES = _gpt2_byte_chars()
+_BYTE_CHAR = {b: ch for ch, b in GPT2_BYTES.items()}  # byte -> its stand-in character
 
 
 class BPETokenizer:
@@ -119,28 +126,32 @@ class BPETokenizer:
                     special_tokens: Iterable[str] = SPECIAL_TOKENS, min_frequency: int = 2,
                     alphabet_share: float = ALPHABET_SHARE,
                     char_coverage: float = CHAR_COVERAGE) -> BPETokenizer:
-        """Character-initial BPE with byte fallback (see the module docstring).
+        """Character-initial BPE, byte-level underneath (see the module docstring).
 
-        ids: the special tokens, then the 256 byte tokens, then the alphabet and the merges;
-        ``vocab_size`` counts them all. The alphabet keeps the most frequent characters that
-        cover ``char_coverage`` of the text (``_covering``), at most ``alphabet_share`` of
-        what is left after the specials and the bytes.
+        ids: the special tokens, the 256 bytes, the spelling tokens (the leading bytes of
+        every multi-byte character in ``texts``, then the alphabet's characters), then the
+        merges; ``vocab_size`` counts them all. The alphabet keeps the most frequent
+        characters that cover ``char_coverage`` of the text (``_covering``), at most
+        ``alphabet_share`` of what is left for characters and merges.
         """
         special_tokens, texts = list(special_tokens), list(texts)
-        budget = vocab_size - len(BYTE_TOKENS) - len(special_tokens)
+        counts = _char_counts(texts)
+        prefixes = _leading_bytes(counts)
+        budget = vocab_size - len(BYTE_TOKENS) - len(special_tokens) - len(prefixes)
         if budget < 1:
             raise UserError(f"--vocab-size {vocab_size} is too small for character-initial "
-                            f"BPE: it needs more than {vocab_size - budget} (256 bytes + "
+                            f"BPE on this text: it needs more than {vocab_size - budget} (256 "
+                            f"bytes, {len(prefixes)} leading-byte prefixes, "
                             f"{len(special_tokens)} special)")
-        n_chars = _covering(texts, char_coverage)
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated")
-        trainer = trainers.BpeTrainer(
-            vocab_size=budget + len(special_tokens), min_frequency=min_frequency,
-            special_tokens=special_tokens, show_progress=False,
-            limit_alphabet=max(1, min(n_chars, int(budget * alphabet_share))))
-        tok.train_from_iterator(texts, trainer, length=len(texts))
-        return cls(_with_byte_fallback(tok, len(special_tokens)))
+        limit = max(1, min(_covering_counts(counts, char_coverage), int(budget * alphabet_share)))
+        target = budget + len(special_tokens)  # the character-level BPE's own vocabulary
+        while True:
+            on_chars = _train_on_characters(texts, target, special_tokens, min_frequency, limit)
+            tok = _spelt_in_bytes(on_chars, special_tokens, prefixes)
+            short = vocab_size - tok.get_vocab_size()  # its ASCII characters are bytes already
+            if short <= 0 or on_chars.get_vocab_size() < target:  # full, or no pairs left
+                return cls(tok)
+            target += short
 
     @classmethod
     def from_file(cls, path) -> BPETokenizer:
@@ -174,11 +185,28 @@ class BPETokenizer:
 
     @property
     def mode(self) -> str:
-        """How the merges start: "bytes" (GPT-2's byte level), "chars" (character-initial
-        with byte fallback) or "words" (SentencePiece-style, ``<unk>`` for unseen)."""
-        if isinstance(self.hf.decoder, decoders.ByteLevel):
-            return "bytes"
-        return "chars" if getattr(self.hf.model, "byte_fallback", False) else "words"
+        """How the merges start: "bytes" (GPT-2's byte level), "chars" (character-initial:
+        whole characters, the rarest in bytes) or "words" (SentencePiece-style, ``<unk>`` for
+        unseen)."""
+        if not hasattr(self, "_mode"):
+            self._mode = "words"
+            if self._byte_fallback:  # character-initial as earlier versions saved it
+                self._mode = "chars"
+            elif self._byte_level:
+                pre = json.loads(self.hf.to_str()).get("pre_tokenizer") or {}
+                first = (pre.get("pretokenizers") or [{}])[0]
+                ours = first.get("type") == "Split" and \
+                    (first.get("pattern") or {}).get("Regex") == CHAR_PIECES
+                self._mode = "chars" if ours else "bytes"
+        return self._mode
+
+    @property
+    def _byte_level(self) -> bool:
+        return isinstance(self.hf.decoder, decoders.ByteLevel)
+
+    @property
+    def _byte_fallback(self) -> bool:
+        return bool(getattr(self.hf.model, "byte_fallback", False))
 
     def token_bytes(self, i: int) -> bytes | None:
         """The UTF-8 bytes token ``i`` stands for, or None for a special token.
@@ -189,9 +217,9 @@ class BPETokenizer:
         raw = self.hf.id_to_token(int(i))
         if raw is None or raw in self._specials():
             return None
-        if raw in BYTE_TOKENS and self.mode == "chars":
+        if raw in BYTE_TOKENS and self._byte_fallback:
             return bytes([int(raw[3:5], 16)])
-        if self.mode == "bytes" and all(ch in GPT2_BYTES for ch in raw):
+        if self._byte_level and all(ch in GPT2_BYTES for ch in raw):
             return bytes(GPT2_BYTES[ch] for ch in raw)
         return raw.replace("\u2581", " ").encode("utf-8")
 
@@ -241,13 +269,22 @@ class BPETokenizer:
             json.dump(self.to_dict(), f, ensure_ascii=False)
 
 
-def _covering(texts: list[str], coverage: float) -> int:
-    """How many characters the alphabet keeps: the most frequent ones, until they make up
-    ``coverage`` of the characters of ``texts``, and every character as frequent as the last
-    one kept (so that which characters are kept never depends on the order of ties)."""
+def _char_counts(texts: Iterable[str]) -> Counter:
     counts = Counter()
     for text in texts:
         counts.update(text)
+    return counts
+
+
+def _covering(texts: list[str], coverage: float) -> int:
+    """``_covering_counts`` of the characters of ``texts``."""
+    return _covering_counts(_char_counts(texts), coverage)
+
+
+def _covering_counts(counts: Counter, coverage: float) -> int:
+    """How many characters the alphabet keeps: the most frequent ones, until they make up
+    ``coverage`` of all ``counts``, and every character as frequent as the last one kept (so
+    that which characters are kept never depends on the order of ties)."""
     seen, total = 0, sum(counts.values()) * coverage
     for n in sorted(counts.values(), reverse=True):
         seen += n
@@ -256,18 +293,61 @@ def _covering(texts: list[str], coverage: float) -> int:
     return len(counts)
 
 
-def _with_byte_fallback(tok: Tokenizer, n_special: int) -> Tokenizer:
-    """``tok`` with the 256 byte tokens after its specials and byte fallback switched on.
+def _leading_bytes(counts: Counter) -> list[bytes]:
+    """The leading bytes of every multi-byte character in ``counts`` that are two bytes or
+    more (E5 90 of 吃's E5 90 83), ordered by how many characters they lead, most first."""
+    led = Counter()
+    for ch, n in counts.items():
+        b = ch.encode("utf-8")
+        for k in range(2, len(b)):
+            led[b[:k]] += n
+    return sorted(led, key=lambda p: (len(p), -led[p], p))
 
-    The trainer cannot add them itself: as special tokens they would be matched in the text
-    and dropped by ``decode``. So the trained model's vocabulary is shifted by 256 and
-    rebuilt; merges name tokens by their text, so they stay as they are.
-    """
-    d = json.loads(tok.to_str())
-    vocab = {t: (i if i < n_special else i + len(BYTE_TOKENS))
-             for t, i in d["model"]["vocab"].items()}
-    vocab.update({t: n_special + b for b, t in enumerate(BYTE_TOKENS)})
-    d["model"]["vocab"] = vocab
-    d["model"]["byte_fallback"] = True
-    d["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
-    return Tokenizer.from_str(json.dumps(d))
+
+def _train_on_characters(texts: list[str], vocab_size: int, special_tokens: list[str],
+                         min_frequency: int, limit_alphabet: int) -> Tokenizer:
+    """BPE over characters, within ``CHAR_PIECES``: ``limit_alphabet`` characters, then
+    merges up to ``vocab_size`` (the characters left out are skipped in training)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=special_tokens, show_progress=False,
+                                  limit_alphabet=limit_alphabet)
+    tok.train_from_iterator(texts, trainer, length=len(texts))
+    return tok
+
+
+def _spelt_in_bytes(on_chars: Tokenizer, special_tokens: list[str],
+                    prefixes: list[bytes]) -> Tokenizer:
+    """The byte-level BPE that encodes as ``on_chars`` does on its alphabet: the specials, the
+    256 bytes, merges that spell each prefix and each character of the alphabet from its
+    bytes, then ``on_chars``' merges written in bytes. The spelling merges come first and
+    never reach across two characters (a lead byte joins only its continuation bytes), so
+    every character is one symbol before the first merge between characters; a character
+    outside the alphabet stays its longest prefix plus its last byte."""
+    d = json.loads(on_chars.to_str())["model"]
+    char_vocab = sorted(d["vocab"].items(), key=lambda kv: kv[1])
+    alphabet = [t for t, _ in char_vocab if len(t) == 1 and t not in special_tokens]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in d["merges"]]
+    vocab = {t: i for i, t in enumerate(special_tokens)}
+    vocab.update({_BYTE_CHAR[b]: len(special_tokens) + b for b in range(256)})
+    pairs: list[tuple[str, str]] = []
+    spelling = [*prefixes, *(ch.encode("utf-8") for ch in alphabet)]
+    for b in spelling:
+        if len(b) > 1:  # ASCII characters are bytes already
+            pairs.append((_in_bytes(b[:-1]), _BYTE_CHAR[b[-1]]))
+    pairs += [(_in_bytes(a.encode("utf-8")), _in_bytes(b.encode("utf-8"))) for a, b in merges]
+    for a, b in pairs:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(special_tokens)
+    return tok
+
+
+def _in_bytes(b: bytes) -> str:
+    """UTF-8 bytes as byte-level BPE writes them (GPT-2's stand-in character per byte)."""
+    return "".join(_BYTE_CHAR[x] for x in b)

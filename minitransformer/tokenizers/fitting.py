@@ -5,7 +5,7 @@
 and picks how its merges start:
 
 - ``bpe-bytes``: byte-level, GPT-2's kind. Right for English and code.
-- ``bpe-chars``: character-initial with byte fallback (``BPETokenizer.train_chars``). Right
+- ``bpe-chars``: character-initial, the rarest characters in bytes (``train_chars``). Right
   for Chinese or Japanese once the vocabulary is large enough to hold the common characters.
 - ``bpe``: the second when the corpus is mostly CJK and N >= ``CHARS_FROM_VOCAB``, else the
   first; it says which on the console when the corpus is mostly CJK.
@@ -25,9 +25,10 @@ TOKENIZERS = ("char", "bpe", "bpe-bytes", "bpe-chars")
 DEFAULT_BPE_VOCAB = 1024
 GPT_SPECIALS = ("<|endoftext|>",)  # GPT-2's one special token
 # From this vocabulary size on, character-initial BPE cuts the bundled Chinese corpora into
-# fewer tokens than byte-level BPE (bench/tokenizers_zh.py: from 2,000 on tang, from 3,000
-# on sayings).
-CHARS_FROM_VOCAB = 3000
+# clearly fewer tokens than byte-level BPE (bench/tokenizers_zh.py: 3% fewer at 1,500, 5-7%
+# at 2,000 and more; at 1,000, under 1%, the 256 bytes and the leading-byte prefixes taking
+# most of the vocabulary).
+CHARS_FROM_VOCAB = 1500
 CJK_MAJORITY = 0.5  # "mostly CJK": over half of the non-space characters
 CJK_RANGES = ((0x2E80, 0x9FFF),    # radicals, CJK punctuation, kana, ideographs
               (0xAC00, 0xD7AF),    # Hangul syllables
@@ -57,7 +58,7 @@ def choose_bpe(text: str, vocab_size: int) -> tuple[str, str | None]:
     if vocab_size >= CHARS_FROM_VOCAB:
         return "chars", (f"tokenizer: the corpus is {share:.0%} CJK and the vocabulary "
                          f"{vocab_size:,} >= {CHARS_FROM_VOCAB:,}, so BPE starts from "
-                         f"characters (byte fallback for unseen ones); --tokenizer bpe-bytes "
+                         f"characters (the rarest in bytes); --tokenizer bpe-bytes "
                          f"for GPT-2's byte level")
     return "bytes", (f"tokenizer: the corpus is {share:.0%} CJK, but a vocabulary of "
                      f"{vocab_size:,} is below {CHARS_FROM_VOCAB:,}, where starting from "
