@@ -1,0 +1,69 @@
+"""One projection of a decoding step: BLAS's ``F.linear`` against oneDNN's packed weights.
+
+    python bench/linear_kernels.py [--rounds 15]
+
+Decoding feeds 1 row per sequence (8 for ``--num-samples 8``) through each projection; the
+product reads every weight once. A model larger than the last-level cache reads them from
+memory, so each shape is timed cycling through enough copies of its weight (64 MB) that
+none stays in cache: microseconds per call, medians, for 1 and 2 threads. The shapes are
+config (b)'s (6 x 384: q/k/v/out, the stacked q|k|v, the FFN's two), two of GPT-2 small's,
+and two small ones below ``nn.linear.PACK_MIN_ELEMENTS``, where packing does not pay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from minitransformer.nn.linear import PACK_MIN_ELEMENTS, pack, packed_linear, packing_works
+
+SHAPES = ((128, 128), (384, 128), (384, 384), (1152, 384), (1536, 384), (384, 1536),
+          (768, 768), (3072, 768))  # (out, in)
+
+
+def per_call(fn, calls: int, rounds: int) -> float:
+    """Median microseconds per call of ``fn``, which makes ``calls`` calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / calls * 1e6
+
+
+@torch.inference_mode()
+def measure(m: int, k: int, rows: int, rounds: int) -> tuple[float, float]:
+    n = max(4, int(64e6 / (m * k * 4)))  # copies: 64 MB of weights, past the cache
+    weights = [torch.randn(m, k) for _ in range(n)]
+    packed = [pack(w) for w in weights]
+    b, x = torch.randn(m), torch.randn(rows, 1, k)
+    blas = per_call(lambda: [F.linear(x, w, b) for w in weights], n, rounds)
+    onednn = per_call(lambda: [packed_linear(x, p, b) for p in packed], n, rounds)
+    return blas, onednn
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    a = p.parse_args()
+    if not packing_works():
+        raise SystemExit("this PyTorch build has no oneDNN packed linear")
+    print("| threads | W (out x in) | MB | packed? | 1 row: F.linear | packed | 8 rows: F.linear "
+          "| packed |\n|---:|---|---:|---|---:|---:|---:|---:|")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for m, k in SHAPES:
+            (b1, p1), (b8, p8) = (measure(m, k, rows, a.rounds) for rows in (1, 8))
+            print(f"| {threads} | {m} x {k} | {m * k * 4 / 1e6:.2f} | "
+                  f"{'yes' if m * k >= PACK_MIN_ELEMENTS else 'no'} | {b1:.0f} | {p1:.0f} | "
+                  f"{b8:.0f} | {p8:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
