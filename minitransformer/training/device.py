@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 
@@ -95,6 +96,9 @@ class EagerFallback(torch.nn.Module):
         return self.eager(*args, **kwargs)
 
 
+DECODING_PROBES = 7  # timed steps per thread count
+
+
 def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 1) -> int:
     """Pick the CPU thread count for decoding ``batch`` sequences together; returns it.
 
@@ -102,9 +106,10 @@ def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 
     bound by memory: on an idle machine every core reading its share is faster (1.3x with 2
     cores here). When other programs hold the cores, though, a second thread's share of
     each kernel waits for a core, and decoding gets several times slower than on one thread.
-    So a few one-token steps are timed both ways (a few milliseconds for small models) and
-    the faster count is kept. The steps are timed as generation runs them (``batch`` rows,
-    packed weights). OMP_NUM_THREADS, when set, wins.
+    So a few one-token steps are timed both ways, in turns (a few milliseconds for small
+    models, about 0.1 s for a 6 x 384 one), and the faster median is kept. The steps are
+    timed as generation runs them (``batch`` rows, packed weights). OMP_NUM_THREADS, when
+    set, wins.
     """
     n = torch.get_num_threads()
     if device.type != "cpu" or n == 1 or "OMP_NUM_THREADS" in os.environ:
@@ -115,19 +120,20 @@ def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 
 
     def step_seconds(threads: int) -> float:
         torch.set_num_threads(threads)
-        times = []
-        with torch.inference_mode():
-            for _ in range(4):  # the first call also touches memory: not counted
-                t0 = time.perf_counter()
-                model(idx)
-                times.append(time.perf_counter() - t0)
-        return min(times[1:])
+        model(idx)  # the first call after a switch also wakes or parks threads: not counted
+        t0 = time.perf_counter()
+        model(idx)
+        return time.perf_counter() - t0
 
+    times: dict[int, list[float]] = {n: [], 1: []}
     try:
-        with packed_weights(model):
-            many, one = step_seconds(n), step_seconds(1)
+        with packed_weights(model), torch.inference_mode():
+            for _ in range(DECODING_PROBES):  # in turns, so that a change of load hits both
+                for threads in times:
+                    times[threads].append(step_seconds(threads))
     finally:
         model.train(was_training)
+    many, one = statistics.median(times[n]), statistics.median(times[1])
     best = n if many < one else 1
     torch.set_num_threads(best)
     return best
