@@ -66,6 +66,18 @@ def test_rare_characters_are_spelt_as_bytes():
     assert len(tok.tokens("云")) == 1
 
 
+def test_ties_in_the_alphabet_go_by_the_character_and_the_size_is_exact():
+    """Among equally frequent characters the alphabet keeps the first by code point (the
+    trainer's own choice changes from one process to the next), and the vocabulary is the
+    size asked for."""
+    text = "乙甲丙丁" * 20  # equally frequent: 丁 U+4E01, 丙 U+4E19, 乙 U+4E59, 甲 U+7532
+    tok = BPETokenizer.train_chars([text], 300, special_tokens=["<s>"], alphabet_share=0.05,
+                                   min_frequency=1000)  # room for two characters, no merges
+    assert [len(tok.tokens(ch)) for ch in "丁丙乙甲"] == [1, 1, 2, 2]
+    full = BPETokenizer.train_chars([load_text("tang")], 2000, special_tokens=["<s>"])
+    assert full.vocab_size == 2000
+
+
 def test_merges_between_characters_start_from_whole_characters():
     """Underneath, byte-level BPE: the merges that spell each character come first, so a
     word is cut as the same BPE over characters would cut it."""

@@ -143,15 +143,12 @@ class BPETokenizer:
                             f"BPE on this text: it needs more than {vocab_size - budget} (256 "
                             f"bytes, {len(prefixes)} leading-byte prefixes, "
                             f"{len(special_tokens)} special)")
-        limit = max(1, min(_covering_counts(counts, char_coverage), int(budget * alphabet_share)))
-        target = budget + len(special_tokens)  # the character-level BPE's own vocabulary
-        while True:
-            on_chars = _train_on_characters(texts, target, special_tokens, min_frequency, limit)
-            tok = _spelt_in_bytes(on_chars, special_tokens, prefixes)
-            short = vocab_size - tok.get_vocab_size()  # its ASCII characters are bytes already
-            if short <= 0 or on_chars.get_vocab_size() < target:  # full, or no pairs left
-                return cls(tok)
-            target += short
+        n_chars = min(_covering_counts(counts, char_coverage), int(budget * alphabet_share))
+        alphabet = sorted(counts, key=lambda ch: (-counts[ch], ch))[:max(1, n_chars)]
+        ascii_chars = sum(ch.isascii() for ch in alphabet)  # bytes already: no symbol more
+        on_chars = _train_on_characters(texts, budget + len(special_tokens) + ascii_chars,
+                                        special_tokens, min_frequency, alphabet)
+        return cls(_spelt_in_bytes(on_chars, special_tokens, prefixes))
 
     @classmethod
     def from_file(cls, path) -> BPETokenizer:
@@ -305,14 +302,16 @@ def _leading_bytes(counts: Counter) -> list[bytes]:
 
 
 def _train_on_characters(texts: list[str], vocab_size: int, special_tokens: list[str],
-                         min_frequency: int, limit_alphabet: int) -> Tokenizer:
-    """BPE over characters, within ``CHAR_PIECES``: ``limit_alphabet`` characters, then
-    merges up to ``vocab_size`` (the characters left out are skipped in training)."""
+                         min_frequency: int, alphabet: list[str]) -> Tokenizer:
+    """BPE over characters, within ``CHAR_PIECES``: ``alphabet``, then merges up to
+    ``vocab_size`` (characters outside the alphabet are skipped in training). The alphabet is
+    chosen here, ties broken by the character, since the trainer's own choice among equally
+    frequent characters changes from one process to the next."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(CHAR_PIECES), behavior="isolated")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=special_tokens, show_progress=False,
-                                  limit_alphabet=limit_alphabet)
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet))
     tok.train_from_iterator(texts, trainer, length=len(texts))
     return tok
 
