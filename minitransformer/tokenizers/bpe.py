@@ -327,7 +327,7 @@ def _spelt_in_bytes(on_chars: Tokenizer, special_tokens: list[str],
     d = json.loads(on_chars.to_str())["model"]
     char_vocab = sorted(d["vocab"].items(), key=lambda kv: kv[1])
     alphabet = [t for t, _ in char_vocab if len(t) == 1 and t not in special_tokens]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in d["merges"]]
+    merges = [tuple(m) for m in d["merges"]]  # pairs (a string "a b" could not hold " 子")
     vocab = {t: i for i, t in enumerate(special_tokens)}
     vocab.update({_BYTE_CHAR[b]: len(special_tokens) + b for b in range(256)})
     pairs: list[tuple[str, str]] = []
