@@ -93,10 +93,12 @@ def test_packed_path_equals_f_linear(bias, shape):
         with linear_mod.packed_weights(layer):
             assert layer.packed is not None
             y = layer(x)
-            strided = layer(torch.randn(*shape[:-1], 48)[..., ::2])  # a non-contiguous input
+            wide = torch.randn(*shape[:-1], 48)
+            strided = layer(wide[..., ::2])  # a non-contiguous input
+        strided_ref = F.linear(wide[..., ::2], layer.weight, layer.bias)
     assert layer.packed is None  # dropped when the scope closes
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    assert strided.shape == ref.shape
+    torch.testing.assert_close(strided, strided_ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_packing
@@ -192,3 +194,25 @@ def test_feedforward_with_its_activation_fused_equals_the_reference(activation):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
     fused = linear_mod.fused_activation(ffn.act)
     assert (fused is None) == (activation == "relu2")  # ReLU^2 has no oneDNN post-op
+
+
+@needs_packing
+def test_generate_packs_for_its_run_and_a_waiting_stream_holds_nothing(make_gpt):
+    """GPT.generate holds the packed copies for its whole run; a stream between two tokens
+    holds none, so a change of the weights while it waits is seen by its next token."""
+    model = make_gpt(scale=0.3)
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, i, o: seen.append(m.packed is not None))
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    model.generate(prompt, 4, temperature=0)
+    assert seen == [True] * 4
+    stream = model.stream(prompt, 2, temperature=0)
+    first = next(stream)
+    assert seen[-1] is False and model.lm_head.packed is None
+    proj = model.decoder.layers[-1].ffn.proj  # changes the next logits, not the cached keys
+    with torch.no_grad():
+        before = model(torch.cat([prompt, first], dim=1))[0][0, -1].argmax()
+        proj.weight.mul_(-1.0)
+        after = model(torch.cat([prompt, first], dim=1))[0][0, -1].argmax()
+    assert before != after  # so a stale copy would show
+    assert next(stream).item() == after.item()

@@ -158,6 +158,19 @@ def test_the_worker_runs_every_job_inside_its_scope():
     assert seen == [["in"], ["in"]] and entered == ["in", "out"]  # once, for every job
 
 
+def test_a_scope_that_fails_to_open_still_serves(capfd):
+    def scope():
+        raise MemoryError("no room for the packed copies")
+
+    worker = Worker(scope=scope)
+    worker.start()
+    try:
+        assert asyncio.run(asyncio.wait_for(worker.call(lambda job: 42), 20)) == 42
+    finally:
+        worker.stop()
+    assert "serving without the packed weights (MemoryError" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
                                        ("localhost", True), ("0.0.0.0", False),
                                        ("192.168.1.2", False), ("::", False),

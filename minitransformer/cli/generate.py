@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
 from ..models import GPT
-from ..models.generation import ROLLABLE
+from ..models.generation import ROLLABLE, decoding_weights
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
 from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int
@@ -118,6 +118,11 @@ def _write_samples(model, tokenizer, ids: list[int], args, device) -> None:
     """One sample: the prompt, then each piece as soon as it is a whole character. Several:
     generated together in one batch, then each written out, nanoGPT's separator after each."""
     check_window_args(args, model)
+    with decoding_weights(model, use_cache=not args.no_cache):  # packed for the whole run
+        _stream_samples(model, tokenizer, ids, args, device)
+
+
+def _stream_samples(model, tokenizer, ids: list[int], args, device) -> None:
     n = args.num_samples
     idx = torch.tensor([ids] * n, dtype=torch.long, device=device)  # (N, T)
     tokens = model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,

@@ -129,15 +129,20 @@ def roll_cache(model, cache, n: int) -> None:
         layer.self_attn.drop_front(self_cache, n)
 
 
+def decoding_weights(model, use_cache: bool = True):
+    """The scope cached decoding runs in: ``model``'s weights packed for one-row products
+    (``nn.linear.packed_weights``); the uncached reference path keeps the plain weights."""
+    return packed_weights(model) if use_cache else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def inference_scope(model, use_cache: bool = True):
-    """Decoding with ``model``: eval mode (the mode it had is restored at the end) and, for
-    cached decoding, its weights packed for one-row products (``nn.linear.packed_weights``);
-    the uncached reference path keeps the plain weights."""
+    """Decoding with ``model`` in one call: eval mode (the mode it had is restored at the
+    end) inside ``decoding_weights``."""
     was_training = model.training
     model.eval()
     try:
-        with packed_weights(model) if use_cache else contextlib.nullcontext():
+        with decoding_weights(model, use_cache):
             yield
     finally:
         model.train(was_training)
@@ -156,13 +161,18 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     rebuilt whenever the window moves, so the result equals the uncached model on the same
     windows (``use_cache=False``). With ``seed``, row i samples from its own generator seeded
     ``seed + i``.
+
+    Packed weights (``decoding_weights``) are the caller's to open, around the whole run as
+    ``GPT.generate`` and ``sample`` do: a scope opened here would outlive every ``yield``,
+    and a caller may change the weights while the generator waits (a training step between
+    two tokens), which the packed copies would not see.
     """
     c = model.config
     shift = default_context_shift(c.block_size) if context_shift is None else context_shift
     check_context(c.block_size, shift, context_mode, c.pos_encoding)
     generators = row_generators(seed, idx.shape[0], idx.device)
     cache, start = None, 0
-    with inference_scope(model, use_cache):
+    with inference_scope(model, use_cache=False):  # eval mode; packing is the caller's
         for _ in range(max_new_tokens):
             new_start = window_start(idx.shape[1], start, c.block_size, shift)
             if not use_cache:

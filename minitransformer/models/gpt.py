@@ -135,8 +135,9 @@ class GPT(nn.Module):
         the cache instead of rebuilding it (RoPE / ALiBi only, an approximation). See
         ``models/generation.py``.
         """
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed, use_cache,
-                               context_shift, context_mode))
+        with generation.decoding_weights(self, use_cache):  # packed for the whole run
+            new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed,
+                                   use_cache, context_shift, context_mode))
         return torch.cat([idx, *new], dim=1) if new else idx
 
     @torch.no_grad()
@@ -145,7 +146,9 @@ class GPT(nn.Module):
                seed: int | None = None, use_cache: bool = True,
                context_shift: int | None = None,
                context_mode: generation.ContextMode = "recompute"):
-        """Yield each new token (B, 1) as soon as it is sampled (arguments as ``generate``)."""
+        """Yield each new token (B, 1) as soon as it is sampled (arguments as ``generate``).
+        Its steps read the plain weights unless the caller holds ``decoding_weights(model)``
+        (faster on a CPU) and changes no weight until the stream ends."""
         yield from generation.generate_tokens(self, idx, max_new_tokens, temperature, top_k,
                                               top_p, seed, use_cache, context_shift,
                                               context_mode)

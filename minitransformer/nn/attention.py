@@ -242,8 +242,9 @@ class MultiHeadAttention(nn.Module, Packable):
         ``packed_weights`` as one product with the three weights stacked, [W^Q; W^K; W^V],
         which reads them in one call (a decoding step's three small products are each too
         short to keep every core busy)."""
-        if use_packed(self.packed_qkv, x):
-            w, b = self.packed_qkv
+        stacked = self.packed_qkv
+        if use_packed(stacked, x):
+            w, b = stacked
             widths = (self.q_proj.out_features, self.k_proj.out_features,
                       self.v_proj.out_features)
             return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each

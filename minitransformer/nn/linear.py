@@ -63,9 +63,12 @@ def packable(*weights: torch.Tensor) -> bool:
 
 
 def use_packed(packed, x: torch.Tensor) -> bool:
-    """Whether to compute with a packed copy for this input: there is one, x is fp32, and no
-    gradient is wanted (the packed product has no backward)."""
-    return packed is not None and x.dtype == torch.float32 and not torch.is_grad_enabled()
+    """Whether to compute with a packed copy for this input: there is one, x is fp32 on the
+    CPU, no gradient is wanted (the packed product has no backward), and no autocast would
+    have run the product in lower precision. ``packed`` is read once by the caller: another
+    thread's scope may drop it meanwhile."""
+    return (packed is not None and x.dtype == torch.float32 and x.device.type == "cpu"
+            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu"))
 
 
 class Linear(nn.Linear, Packable):
@@ -74,8 +77,9 @@ class Linear(nn.Linear, Packable):
     packed: torch.Tensor | None = None  # W in oneDNN's layout, while ``packed_weights`` holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_packed(self.packed, x):
-            return packed_linear(x, self.packed, self.bias)  # (..., M)
+        packed = self.packed
+        if use_packed(packed, x):
+            return packed_linear(x, packed, self.bias)  # (..., M)
         return F.linear(x, self.weight, self.bias)  # (..., M)
 
     def pack_weights(self) -> bool:
@@ -114,9 +118,9 @@ def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tens
     """act(layer(x)); inside ``packed_weights`` one call for a plain ``Linear`` and an
     activation oneDNN can apply itself (ReLU, GELU), which saves the activation's own pass.
     (A LoRA wrapper adds its path after the product, before the activation: never fused.)"""
-    if type(layer) is Linear and use_packed(layer.packed, x) and \
-            (post := fused_activation(act)) is not None:
-        return packed_linear(x, layer.packed, layer.bias, post)
+    packed = layer.packed if type(layer) is Linear else None
+    if use_packed(packed, x) and (post := fused_activation(act)) is not None:
+        return packed_linear(x, packed, layer.bias, post)
     return act(layer(x))
 
 
@@ -130,10 +134,11 @@ def packing_works() -> bool:
         g = torch.Generator().manual_seed(0)
         w, b = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
         x = torch.randn(3, 5, 40, generator=g)
+        torch.is_autocast_enabled("cpu")  # use_packed asks it (PyTorch 2.4 on)
         with torch.inference_mode():
             return torch.allclose(packed_linear(x, pack(w), b), F.linear(x, w, b),
                                   rtol=1e-5, atol=1e-5)
-    except (RuntimeError, AttributeError, NotImplementedError):
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
         return False
 
 

@@ -20,10 +20,11 @@ trains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from .errors import APIError
@@ -57,7 +58,7 @@ class Worker:
     """The queue and its thread; ``start`` once, ``stop`` at shutdown."""
 
     def __init__(self, max_queue: int = 64, max_batch: int = 1,
-                 scope: Callable[[], AbstractContextManager] = nullcontext):
+                 scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         self.max_queue, self.max_batch = max_queue, max_batch
         self.scope = scope  # entered by the thread around all its jobs (the packed weights)
         self._jobs: deque = deque()
@@ -121,7 +122,12 @@ class Worker:
                 job.emit(_DONE)
 
     def _loop(self) -> None:
-        with self.scope():
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.scope())
+            except Exception as e:  # noqa: BLE001 - serve without it rather than not at all
+                print(f"note: serving without the packed weights ({type(e).__name__}: {e})",
+                      file=sys.stderr)
             while (group := self._next()) is not None:
                 self._run(group)
 
