@@ -78,6 +78,15 @@ def test_ties_in_the_alphabet_go_by_the_character_and_the_size_is_exact():
     assert full.vocab_size == 2000
 
 
+def test_no_merge_is_learnt_across_a_character_left_in_bytes():
+    """山 and 水 only ever meet with a rare character between them, which stays in bytes when
+    encoded: counting them as a pair would spend a merge that can never apply."""
+    text = "".join(f"山{chr(0x4E00 + i)}水\n" for i in range(200))  # each middle one once
+    tok = BPETokenizer.train_chars([text], 600, special_tokens=["<s>"], char_coverage=0.75)
+    assert len(tok.tokens("山水")) == 2 and len(tok.tokens("山")) == 1
+    assert tok.decode(tok.encode(text)) == text
+
+
 def test_merges_between_characters_start_from_whole_characters():
     """Underneath, byte-level BPE: the merges that spell each character come first, so a
     word is cut as the same BPE over characters would cut it."""

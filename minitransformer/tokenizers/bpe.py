@@ -146,7 +146,8 @@ class BPETokenizer:
         n_chars = min(_covering_counts(counts, char_coverage), int(budget * alphabet_share))
         alphabet = sorted(counts, key=lambda ch: (-counts[ch], ch))[:max(1, n_chars)]
         ascii_chars = sum(ch.isascii() for ch in alphabet)  # bytes already: no symbol more
-        on_chars = _train_on_characters(texts, budget + len(special_tokens) + ascii_chars,
+        on_chars = _train_on_characters(_between(texts, counts, set(alphabet)),
+                                        budget + len(special_tokens) + ascii_chars,
                                         special_tokens, min_frequency, alphabet)
         return cls(_spelt_in_bytes(on_chars, special_tokens, prefixes))
 
@@ -299,6 +300,19 @@ def _leading_bytes(counts: Counter) -> list[bytes]:
         for k in range(2, len(b)):
             led[b[:k]] += n
     return sorted(led, key=lambda p: (len(p), -led[p], p))
+
+
+def _between(texts: list[str], counts: Counter, alphabet: set[str]) -> list[str]:
+    """The stretches of ``texts`` between characters outside the ``alphabet``. Encoded, such a
+    character sits between its neighbours as bytes, so no merge can join them across it: the
+    character-level BPE must not count those pairs either (its trainer would drop the
+    character and count its two neighbours as adjacent)."""
+    rare = [ch for ch in counts if ch not in alphabet]
+    if not rare:
+        return texts
+    cut = next(ch for ch in ("\x00", "\ufffe", "\U0010fffe") if ch not in alphabet)
+    table = str.maketrans(dict.fromkeys(rare, cut))
+    return [part for text in texts for part in text.translate(table).split(cut) if part]
 
 
 def _train_on_characters(texts: list[str], vocab_size: int, special_tokens: list[str],
