@@ -25,8 +25,8 @@ TOKENIZERS = ("char", "bpe", "bpe-bytes", "bpe-chars")
 DEFAULT_BPE_VOCAB = 1024
 GPT_SPECIALS = ("<|endoftext|>",)  # GPT-2's one special token
 # From this vocabulary size on, character-initial BPE cuts the bundled Chinese corpora into
-# clearly fewer tokens than byte-level BPE (bench/tokenizers_zh.py: 3% fewer at 1,500, 5-7%
-# at 2,000 and more; at 1,000, under 1%, the 256 bytes and the leading-byte prefixes taking
+# clearly fewer tokens than byte-level BPE (bench/tokenizers_zh.py: 3% fewer at 1,500, 4-7%
+# from 2,000 on; at 1,000, under 1%, the 256 bytes and the leading-byte prefixes taking
 # most of the vocabulary).
 CHARS_FROM_VOCAB = 1500
 CJK_MAJORITY = 0.5  # "mostly CJK": over half of the non-space characters
