@@ -10,9 +10,9 @@ Two ways to compute it:
 - the decoding path, inside ``packed_weights(model)``: each W is copied once into oneDNN's
   blocked layout and every product reads that copy. Decoding feeds one row per sequence
   through each projection, a matrix-vector product that reads every weight once per token;
-  from the blocked copy a batch of 8 rows costs what one row costs, where BLAS's own product
-  costs 1.3-2.3x more for 8 rows than for one and is slower for one row too (docs/BENCHMARKS.md,
-  "Generation"). Tests hold the two paths equal (to fp32 rounding).
+  from the blocked copy a batch of 8 rows costs 0.7-1.5x what one row costs, where BLAS's own
+  product costs 0.9-2.6x, and BLAS is slower for one row too in all but one of the sizes
+  measured (docs/BENCHMARKS.md, "Generation", bench/linear_kernels.py). Tests hold the two paths equal (to fp32 rounding).
 
 The copy is taken when the scope opens and dropped when it closes, so a scope must not span
 a change of the weights (an optimizer step): generation opens one per call, ``serve`` one
