@@ -11,6 +11,7 @@ from torch import nn
 
 from minitransformer.nn import linear as linear_mod
 from minitransformer.nn.attention import MultiHeadAttention
+from minitransformer.nn.block import DecoderBlock
 from minitransformer.nn.feedforward import FeedForward
 from minitransformer.nn.linear import Linear
 from minitransformer.training import device as device_mod
@@ -145,6 +146,28 @@ def test_stacked_qkv_equals_the_three_projections(kw):
             assert attn.packed_qkv is not None
             y, _ = attn(x)
         assert attn.packed_qkv is None
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+def test_each_weight_is_packed_once():
+    # Self-attention reads its q, k, v from the stacked copy only, so they get none of their
+    # own; cross-attention projects queries and keys from different inputs: each packs alone.
+    block = DecoderBlock(32, 4, 64, cross_attention=True).eval()
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    with torch.inference_mode():
+        ref, _, _ = block(x, memory)
+        with linear_mod.packed_weights(block):
+            own = block.self_attn
+            assert own.packed_qkv is not None and own.out_proj.packed is not None
+            assert all(p.packed is None for p in (own.q_proj, own.k_proj, own.v_proj))
+            cross = block.cross_attn
+            assert cross.packed_qkv is None
+            assert all(p.packed is not None for p in (cross.q_proj, cross.k_proj,
+                                                      cross.v_proj, cross.out_proj))
+            with linear_mod.packed_weights(block):  # nested: the outer stacked copy serves
+                assert own.q_proj.packed is None
+            y, _, _ = block(x, memory)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 

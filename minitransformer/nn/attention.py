@@ -162,6 +162,9 @@ class MultiHeadAttention(nn.Module, Packable):
     keys and values from ``context``, e.g. the encoder output). ``causal=True`` adds the
     decoder's look-ahead mask. ``rope`` / ``alibi`` add relative position information inside
     self-attention. ``n_kv_head`` (default n_head) and ``qk_norm``: see the module docstring.
+    ``cross=True`` marks a module built for cross-attention (a decoder's second sublayer):
+    it computes the same, but its queries and keys come from different inputs, so decoding
+    does not stack its q, k, v (``pack_weights``).
     """
 
     packed_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # ``pack_weights``
@@ -169,7 +172,8 @@ class MultiHeadAttention(nn.Module, Packable):
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, attn_impl: AttnImpl = "auto",
                  rope: RotaryEmbedding | None = None, alibi: ALiBi | None = None,
-                 n_kv_head: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6):
+                 n_kv_head: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
+                 cross: bool = False):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"n_embd ({d_model}) must be divisible by n_head ({n_head})")
@@ -177,7 +181,7 @@ class MultiHeadAttention(nn.Module, Packable):
         if n_head % n_kv_head:
             raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head})")
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, d_model // n_head
-        self.causal, self.attn_impl, self.dropout = causal, attn_impl, dropout
+        self.causal, self.attn_impl, self.dropout, self.cross = causal, attn_impl, dropout, cross
         self.rope, self.alibi = rope, alibi
         kv_width = n_kv_head * self.head_size
         self.q_proj = Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
@@ -251,10 +255,12 @@ class MultiHeadAttention(nn.Module, Packable):
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def pack_weights(self) -> bool:
-        """Stack and pack W^Q, W^K, W^V for ``project_self`` (plain ``Linear``s only: a LoRA
-        wrapper adds its own path to a projection)."""
+        """Stack and pack W^Q, W^K, W^V for ``project_self`` (self-attention, plain ``Linear``s
+        only: a LoRA wrapper adds its own path to a projection). The three then need no packed
+        copies of their own (``packs_for``); cross-attention packs each projection alone."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        if self.packed_qkv is not None or not all(type(p) is Linear for p in projs) or \
+        if self.cross or self.packed_qkv is not None or \
+                not all(type(p) is Linear for p in projs) or \
                 not packable(*(p.weight for p in projs)):
             return False
         w = torch.cat([p.weight.detach() for p in projs])  # (C + 2 nkv hs, C)
@@ -264,6 +270,9 @@ class MultiHeadAttention(nn.Module, Packable):
 
     def unpack_weights(self) -> None:
         self.packed_qkv = None
+
+    def packs_for(self) -> tuple[nn.Module, ...]:
+        return () if self.packed_qkv is None else (self.q_proj, self.k_proj, self.v_proj)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1

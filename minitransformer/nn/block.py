@@ -119,7 +119,7 @@ class DecoderBlock(nn.Module):
         self.cross_attn = None
         if cross_attention:  # no positional term in cross-attention
             self.cross_attn = MultiHeadAttention(d_model, n_head, dropout, bias, causal=False,
-                                                 attn_impl=attn_impl, **heads)
+                                                 attn_impl=attn_impl, cross=True, **heads)
             self.res_cross = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)
         self.ffn = make_feedforward(d_model, d_ff, activation, dropout, bias)
         self.res_ffn = Residual(d_model, norm_position, dropout, layer_norm_eps, norm)

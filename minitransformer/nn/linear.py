@@ -12,7 +12,8 @@ Two ways to compute it:
   through each projection, a matrix-vector product that reads every weight once per token;
   from the blocked copy a batch of 8 rows costs 0.7-1.5x what one row costs, where BLAS's own
   product costs 0.9-2.6x, and BLAS is slower for one row too in all but one of the sizes
-  measured (docs/BENCHMARKS.md, "Generation", bench/linear_kernels.py). Tests hold the two paths equal (to fp32 rounding).
+  measured (docs/BENCHMARKS.md, "Generation", bench/linear_kernels.py). Tests hold the two
+  paths equal (to fp32 rounding).
 
 The copy is taken when the scope opens and dropped when it closes, so a scope must not span
 a change of the weights (an optimizer step): generation opens one per call, ``serve`` one
@@ -45,6 +46,11 @@ class Packable:
 
     def unpack_weights(self) -> None:
         raise NotImplementedError
+
+    def packs_for(self) -> tuple[nn.Module, ...]:
+        """Submodules whose products this module's packed copy computes while it holds one,
+        so that they need none of their own (self-attention's stacked q, k, v)."""
+        return ()
 
 
 # Smallest weight worth packing. A packed product costs about 20 us more per call than BLAS's
@@ -147,12 +153,19 @@ def packed_weights(model: nn.Module):
     """Within the scope, every ``Packable`` of ``model`` (each fp32 CPU ``Linear``, and
     self-attention's stacked q, k, v) computes with packed copies of its weights (see the
     module docstring); gradients, other dtypes and other devices keep the reference path.
-    Nested scopes keep the outer copies. The weights must not change inside."""
-    packed = []
+    Nested scopes keep the outer copies. The weights must not change inside.
+
+    ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known
+    before they come up, and they are skipped (in a nested scope too: the outer copy serves).
+    """
+    packed, served = [], set()
     try:
         for m in model.modules():
-            if isinstance(m, Packable) and m.pack_weights():
+            if not isinstance(m, Packable) or id(m) in served:
+                continue
+            if m.pack_weights():
                 packed.append(m)
+            served.update(id(sub) for sub in m.packs_for())
         yield
     finally:
         for m in packed:
