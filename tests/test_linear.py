@@ -125,6 +125,8 @@ def test_nested_scopes_keep_the_outer_copy_and_errors_still_unpack():
     with pytest.raises(RuntimeError), linear_mod.packed_weights(layer):
         raise RuntimeError("boom")
     assert layer.packed is None
+    # the module's attributes are as before (a torch.compile graph guards on them)
+    assert "packed" not in vars(layer)
 
 
 def test_without_onednn_nothing_is_packed(monkeypatch):
@@ -169,6 +171,7 @@ def test_each_weight_is_packed_once():
                 assert own.q_proj.packed is None
             y, _, _ = block(x, memory)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    assert "packed_qkv" not in vars(own) and own.packed_qkv is None
 
 
 @needs_packing

@@ -57,13 +57,42 @@ def test_rare_characters_are_spelt_as_bytes():
     """The alphabet covers ``char_coverage`` of the text: a character making up less of it
     than what is left out is spelt in bytes (云 is U+4E91: E4 BA 91), its leading two as one
     token."""
-    text = "山" * 60 + "水" * 39 + "云"  # 云 is 1% of the characters
-    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=0.99)
+    text = "山" * 60 + "水" * 38 + "云" * 2  # 云 is 2% of the characters
+    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=0.98)
     assert [tok.token_bytes(i) for i in tok.encode("云水")] == [b"\xe4\xba", b"\x91",
                                                               "水".encode()]
     assert tok.decode(tok.encode("云水山")) == "云水山"
     tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=1.0)
     assert len(tok.tokens("云")) == 1
+
+
+def test_a_prefix_seen_once_takes_no_slot():
+    """A prefix stands in the text for the characters left out of the alphabet: kept, as a
+    merge is, when they occur ``min_frequency`` times. 1,300 characters seen once, each in a
+    block of its own (U+20000 + 64 i: F0 A0..AA, then a third byte of its own), keep the
+    prefixes they share (F0 A0 ...) and take no slot for their own three-byte ones, so a
+    vocabulary too small for 1,300 prefixes still fits; a prefix the alphabet needs stays."""
+    rare = "".join(chr(0x20000 + 64 * i) for i in range(1300))
+    text = "山水云" * 10_000 + rare  # 4% of the text: left out of the alphabet
+    tok = BPETokenizer.train_chars([text], 700, special_tokens=["<s>"])  # not 1,300 + 256
+    spelt = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+    assert sum(b is not None and b[:1] == b"\xf0" and len(b) == 3 for b in spelt) == 0
+    assert len(tok.tokens("山")) == 1
+    lone = chr(0x20000 + 64 * 7)  # F0 A0 87 80
+    assert [tok.token_bytes(i) for i in tok.encode(lone)] == [b"\xf0\xa0", b"\x87", b"\x80"]
+    assert tok.decode(tok.encode(text)) == text
+    # the alphabet's characters keep their prefixes even when seen once
+    once = BPETokenizer.train_chars(["山水\n" * 5 + "云"], 400, special_tokens=["<s>"],
+                                    char_coverage=1.0)
+    assert len(once.tokens("云")) == 1
+
+
+def test_the_training_cut_is_never_a_character_of_the_alphabet():
+    """Training text is cut at characters left out of the alphabet, with a character the
+    alphabet lacks: even when the usual ones (NUL, U+FFFE, U+10FFFE) are in it."""
+    text = "\x00\ufffe\U0010fffe" * 50 + "山"
+    tok = BPETokenizer.train_chars([text], 400, special_tokens=["<s>"], char_coverage=0.9)
+    assert len(tok.tokens("\ufffe")) == 1 and tok.decode(tok.encode(text + "水")) == text + "水"
 
 
 def test_ties_in_the_alphabet_go_by_the_character_and_the_size_is_exact():
@@ -73,7 +102,7 @@ def test_ties_in_the_alphabet_go_by_the_character_and_the_size_is_exact():
     text = "乙甲丙丁" * 20  # equally frequent: 丁 U+4E01, 丙 U+4E19, 乙 U+4E59, 甲 U+7532
     tok = BPETokenizer.train_chars([text], 300, special_tokens=["<s>"], alphabet_share=0.05,
                                    min_frequency=1000)  # room for two characters, no merges
-    assert [len(tok.tokens(ch)) for ch in "丁丙乙甲"] == [1, 1, 2, 2]
+    assert [len(tok.tokens(ch)) for ch in "丁丙乙甲"] == [1, 1, 3, 3]  # and no prefix of theirs
     full = BPETokenizer.train_chars([load_text("tang")], 2000, special_tokens=["<s>"])
     assert full.vocab_size == 2000
 

@@ -53,7 +53,7 @@ ENV = "MINITRANSFORMER_CACHE"
 TOKENS_DIR = "tokens"
 WORKERS_FROM = 32_000_000  # bytes of text from which encoding uses prepare's worker processes
 NOTE = "cache.json"  # beside the shards: what was asked for, and the CRLF count
-FIT_VERSION = 5  # part of the key: raise it when a tokenizer kind fits other merges
+FIT_VERSION = 6  # part of the key: raise it when a tokenizer kind fits other merges
 
 
 def cache_root() -> Path:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear, Packable, pack, packable, packed_linear, use_packed
+from .linear import Linear, Packable, drop_attribute, pack, packable, packed_linear, use_packed
 from .mask import causal_mask, combine
 from .norm import RMSNorm
 from .positional import ALiBi, RotaryEmbedding
@@ -269,7 +269,7 @@ class MultiHeadAttention(nn.Module, Packable):
         return True
 
     def unpack_weights(self) -> None:
-        self.packed_qkv = None
+        drop_attribute(self, "packed_qkv")
 
     def packs_for(self) -> tuple[nn.Module, ...]:
         return () if self.packed_qkv is None else (self.q_proj, self.k_proj, self.v_proj)

@@ -95,7 +95,14 @@ class Linear(nn.Linear, Packable):
         return True
 
     def unpack_weights(self) -> None:
-        self.packed = None
+        drop_attribute(self, "packed")
+
+
+def drop_attribute(module: nn.Module, name: str) -> None:
+    """Remove a packed copy set on ``module``, so that ``name`` reads the class's None again
+    and the module's attributes are as before the scope (a ``torch.compile`` graph guards
+    on them: setting None instead would make it compile again)."""
+    module.__dict__.pop(name, None)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

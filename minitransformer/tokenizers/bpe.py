@@ -38,6 +38,7 @@ Use::
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -129,22 +130,32 @@ class BPETokenizer:
         """Character-initial BPE, byte-level underneath (see the module docstring).
 
         ids: the special tokens, the 256 bytes, the spelling tokens (the leading bytes of
-        every multi-byte character in ``texts``, then the alphabet's characters), then the
+        multi-byte characters, ``_leading_bytes``, then the alphabet's characters), then the
         merges; ``vocab_size`` counts them all. The alphabet keeps the most frequent
         characters that cover ``char_coverage`` of the text (``_covering``), at most
         ``alphabet_share`` of what is left for characters and merges.
         """
         special_tokens, texts = list(special_tokens), list(texts)
         counts = _char_counts(texts)
-        prefixes = _leading_bytes(counts)
-        budget = vocab_size - len(BYTE_TOKENS) - len(special_tokens) - len(prefixes)
+        by_count = sorted(counts, key=lambda ch: (-counts[ch], ch))
+        fixed = len(BYTE_TOKENS) + len(special_tokens)
+
+        def fits(n: int) -> bool:  # the n most frequent, with their prefixes, in the share
+            prefixes = _leading_bytes(counts, set(by_count[:n]), min_frequency)
+            return n <= alphabet_share * (vocab_size - fixed - len(prefixes))
+
+        lo, hi = 1, max(1, _covering_counts(counts, char_coverage))
+        while lo < hi:  # the largest alphabet that fits (more characters, more prefixes)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        alphabet = by_count[:lo]
+        prefixes = _leading_bytes(counts, set(alphabet), min_frequency)
+        budget = vocab_size - fixed - len(prefixes)
         if budget < 1:
             raise UserError(f"--vocab-size {vocab_size} is too small for character-initial "
                             f"BPE on this text: it needs more than {vocab_size - budget} (256 "
                             f"bytes, {len(prefixes)} leading-byte prefixes, "
                             f"{len(special_tokens)} special)")
-        n_chars = min(_covering_counts(counts, char_coverage), int(budget * alphabet_share))
-        alphabet = sorted(counts, key=lambda ch: (-counts[ch], ch))[:max(1, n_chars)]
         ascii_chars = sum(ch.isascii() for ch in alphabet)  # bytes already: no symbol more
         on_chars = _train_on_characters(_between(texts, counts, set(alphabet)),
                                         budget + len(special_tokens) + ascii_chars,
@@ -291,15 +302,27 @@ def _covering_counts(counts: Counter, coverage: float) -> int:
     return len(counts)
 
 
-def _leading_bytes(counts: Counter) -> list[bytes]:
-    """The leading bytes of every multi-byte character in ``counts`` that are two bytes or
-    more (E5 90 of 吃's E5 90 83), ordered by how many characters they lead, most first."""
-    led = Counter()
+def _leading_bytes(counts: Counter, alphabet: set[str], min_frequency: int) -> list[bytes]:
+    """The prefixes to spell characters with: the leading bytes, two or more, of a multi-byte
+    character (E5 90 of 吃's E5 90 83), shorter ones first, then by how often they occur.
+
+    Every prefix of an ``alphabet`` character is kept (it spells the character). A prefix of
+    the other characters only stands in the encoded text for them, so it is kept, as any
+    merge of BPE is, when they occur ``min_frequency`` times or more: a character seen once,
+    in a block of its own, would otherwise take a vocabulary slot for nothing. (A kept
+    prefix's own prefixes, which spell it, are kept too: they lead at least its characters.)
+    """
+    led, rare, needed = Counter(), Counter(), set()
     for ch, n in counts.items():
         b = ch.encode("utf-8")
         for k in range(2, len(b)):
             led[b[:k]] += n
-    return sorted(led, key=lambda p: (len(p), -led[p], p))
+            if ch in alphabet:
+                needed.add(b[:k])
+            else:
+                rare[b[:k]] += n
+    kept = needed | {p for p, n in rare.items() if n >= min_frequency}
+    return sorted(kept, key=lambda p: (len(p), -led[p], p))
 
 
 def _between(texts: list[str], counts: Counter, alphabet: set[str]) -> list[str]:
@@ -310,7 +333,8 @@ def _between(texts: list[str], counts: Counter, alphabet: set[str]) -> list[str]
     rare = [ch for ch in counts if ch not in alphabet]
     if not rare:
         return texts
-    cut = next(ch for ch in ("\x00", "\ufffe", "\U0010fffe") if ch not in alphabet)
+    cut = next(chr(c) for c in itertools.chain((0, 0xFFFE), range(0x10FFFE, -1, -1))
+               if chr(c) not in alphabet)  # none is in an alphabet as large as the text
     table = str.maketrans(dict.fromkeys(rare, cut))
     return [part for text in texts for part in text.translate(table).split(cut) if part]
 
