@@ -12,6 +12,7 @@ import dataclasses
 import html
 import json
 import re
+import typing
 
 import pytest
 import torch
@@ -20,9 +21,10 @@ from minitransformer.cli import main
 from minitransformer.config import GPTConfig
 from minitransformer.data import load_text
 from minitransformer.models import GPT
+from minitransformer.nn.positional import PosEncoding
 from minitransformer.tokenizers import CharTokenizer, fit_tokenizer
 from minitransformer.training.checkpoint import write_model_files
-from minitransformer.viz.i18n import catalogue, problems, render
+from minitransformer.viz.i18n import catalogue, msg, problems, render
 
 TEXT = "从前有座山，山里有座庙。"
 POEM = "床前明月光，疑是地上霜。"
@@ -124,6 +126,16 @@ def test_catalogues_agree():
     en, zh = catalogue("en"), catalogue("zh")
     untranslated = [k for k in en if en[k] == zh[k] and ENGLISH.search(en[k])]
     assert untranslated == []
+
+
+@pytest.mark.parametrize("pe", typing.get_args(PosEncoding))
+def test_every_position_encoding_is_named_in_chinese(pe):
+    """The walkthrough's subtitle names the model's positions from the catalogue (it once
+    showed the config's own word: "learned 位置编码")."""
+    zh = render(msg(f"pe.{pe}"), "zh")
+    assert pe not in zh and re.search("[\u4e00-\u9fff]", zh)
+    assert render(msg("walk.subtitle", source="", layers=1, heads=1, d=8, norm="Pre-LN",
+                      pos=msg(f"pe.{pe}")), "zh").count(zh) == 1
 
 
 def test_walkthrough_in_chinese_comes_from_the_catalogue(browser, site):

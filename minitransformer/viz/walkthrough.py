@@ -262,7 +262,7 @@ def walkthrough_doc(trace: ForwardTrace, tokenizer, config, layer: int = 0, head
         "title": msg("walk.title", text=trace.text),
         "subtitle": msg("walk.subtitle", source=source, layers=config.n_layer,
                         heads=config.n_head, d=config.n_embd, norm=norm,
-                        pos=trace.pos_encoding),
+                        pos=msg(f"pe.{trace.pos_encoding}")),
         "lang": lang, "n_layer": config.n_layer, "n_head": config.n_head, "layer": layer,
         "head": head, "autoplay_ms": 4000,
         "steps": [step_tokens(trace, tokenizer, config), step_embeddings(trace, config),
