@@ -180,5 +180,5 @@ def test_min_len_option_is_checked():
 
     assert decoding_options({"min_len": 3, "max_len": 5})["min_len"] == 3
     assert decoding_options({})["min_len"] == 0
-    with pytest.raises(UserError, match="--min-len"):
+    with pytest.raises(UserError, match="--min_len"):
         decoding_options({"min_len": 6, "max_len": 5})

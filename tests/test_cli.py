@@ -137,7 +137,7 @@ def test_missing_checkpoint_folder(tmp_path, capsys):
 def test_bad_sampling_values(tiny_run, capsys):
     run, _ = tiny_run
     code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--top-p", "1.5")
-    _assert_user_error(code, err, "--top-p")
+    _assert_user_error(code, err, "--top_p")
     code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--temperature", "-1")
     _assert_user_error(code, err, "--temperature")
 

@@ -62,6 +62,25 @@ def test_tsv_columns_by_name_index_and_without_header(tmp_path):
     assert read_tsv(str(bare), "1", "0").src == ["Buenos días.", "Gracias."]
 
 
+def test_a_header_is_known_by_its_names(tmp_path):
+    """A column asked for that is not in the header is an error listing the header (not "it
+    has no header"), and columns named in Chinese make a header, not a training pair."""
+    en_zh = tmp_path / "en_zh.tsv"
+    en_zh.write_text("en\tzh\nI love cats.\t我爱猫。\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"no column named 'fr' for the tgt \(its header has "
+                                        r"en, zh; name a column: --tgt zh\)"):
+        read_tsv(str(en_zh), tgt="fr")
+    named = tmp_path / "named.tsv"
+    named.write_text("英文\t中文\nI love cats.\t我爱猫。\nThank you.\t谢谢。\n", encoding="utf-8")
+    c = read_tsv(str(named), "英文", "中文")
+    assert (c.src_lang, c.tgt_lang, c.tgt) == ("英文", "中文", ["我爱猫。", "谢谢。"])
+    with pytest.raises(UserError, match="its header has 英文, 中文; name a column: --src 英文"):
+        read_tsv(str(named))
+    pairs = tmp_path / "pairs.tsv"  # short Chinese sentences are still sentences
+    pairs.write_text("你好。\tHello.\n谢谢\tThanks\n", encoding="utf-8")
+    assert read_tsv(str(pairs)).src == ["你好。", "谢谢"]
+
+
 def test_two_aligned_files(tmp_path):
     a, b = tmp_path / "a.en", tmp_path / "b.es"
     a.write_text("one\ntwo\nthree\n", encoding="utf-8")

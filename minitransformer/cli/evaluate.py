@@ -50,7 +50,7 @@ def cmd_evaluate(args) -> int:
     run = load_run(args.dir, args.which, device)
     foreign = sorted(set(options) - run.family.evaluate_options)
     if foreign:
-        raise NotApplicable(f"--{foreign[0].replace('_', '-')} does not apply to evaluating "
+        raise NotApplicable(f"--{foreign[0]} does not apply to evaluating "
                             f"{run.family.title} runs")
     for line in run.family.evaluate(run.model, run.tokenizer, run.meta, options, device):
         print(line)

@@ -96,7 +96,7 @@ def add_translate(sub) -> None:
 def check_sampling_args(args) -> None:
     """The sampling flags, checked before anything heavy is loaded."""
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+        raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
     if args.temperature < 0 or not math.isfinite(args.temperature):
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
     if not args.prompt:

@@ -3,8 +3,9 @@
 Two input shapes:
 - a TSV of sentence pairs, with or without a header; ``src`` / ``tgt`` pick the columns by
   header name or by 0-based index (defaults: the columns ``en`` and ``es`` of a header, or
-  columns 0 and 1 of a two-column file). A ``ref`` column (an OSIS reference such as
-  ``Gen 1:1``) groups verses into chapters.
+  columns 0 and 1 of a two-column file). A header is a first line holding a column named by
+  ``src`` / ``tgt``, or made of names only (language codes, 英文-style names, ref, id). A
+  ``ref`` column (an OSIS reference such as ``Gen 1:1``) groups verses into chapters.
 - two aligned text files, one sentence per line.
 
 The split is deterministic and keeps whole chapters together (or, without refs, blocks of
@@ -26,7 +27,10 @@ from .text import corpus_path
 VALID_FRACTION = 0.03
 TEST_FRACTION = 0.03
 DEFAULT_SRC, DEFAULT_TGT = "en", "es"
-_HEADER_WORD = re.compile(r"^([a-z]{2,3}([_-][A-Za-z]{2,4})?|ref|id|source|target|src|tgt)$")
+# What a header's column names look like: a language code (en, zh, pt-BR), a language named
+# in Chinese or Japanese (英文, 中文, 法语, 日本語), or one of the usual other columns.
+_HEADER_WORD = re.compile(r"^([a-z]{2,3}([_-][A-Za-z]{2,4})?|ref|id|source|target|src|tgt"
+                          r"|[\u4e00-\u9fff]{1,4}[文语語])$")
 
 
 @dataclass
@@ -91,9 +95,12 @@ def _column(spec: str, header: list[str] | None, shown: str, role: str) -> int:
 
 
 def _is_header(fields: list[str], src: str | None, tgt: str | None) -> bool:
+    """Whether the first line names the columns: it holds a column named by --src / --tgt,
+    or every field looks like a column name (then a name asked for that is not among them
+    is an error that lists them, not a sign that there is no header)."""
     names = [s for s in (src, tgt) if s is not None and not s.isdigit()]
-    if names:
-        return all(n in fields for n in names)
+    if any(n in fields for n in names):
+        return True
     return all(_HEADER_WORD.match(f.strip()) for f in fields)
 
 

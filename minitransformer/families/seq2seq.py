@@ -194,12 +194,12 @@ def decoding_options(options: dict) -> dict:
     if beam < 1:
         raise NotApplicable(f"--beam must be at least 1, got {beam}")
     if penalty < 0:
-        raise NotApplicable(f"--length-penalty must be >= 0, got {penalty}")
+        raise NotApplicable(f"--length_penalty must be >= 0, got {penalty}")
     if max_len is not None and max_len < 1:
-        raise NotApplicable(f"--max-len must be at least 1, got {max_len}")
+        raise NotApplicable(f"--max_len must be at least 1, got {max_len}")
     min_len = options.get("min_len") or 0
     if min_len < 0 or (max_len is not None and min_len > max_len):
-        raise NotApplicable(f"--min-len must be in 0 .. --max-len, got {min_len}")
+        raise NotApplicable(f"--min_len must be in 0 .. --max_len, got {min_len}")
     return {"beam": beam, "length_penalty": penalty, "max_len": max_len, "min_len": min_len}
 
 

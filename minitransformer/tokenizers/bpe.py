@@ -152,7 +152,7 @@ class BPETokenizer:
         prefixes = _leading_bytes(counts, set(alphabet), min_frequency)
         budget = vocab_size - fixed - len(prefixes)
         if budget < 1:
-            raise UserError(f"--vocab-size {vocab_size} is too small for character-initial "
+            raise UserError(f"--vocab_size {vocab_size} is too small for character-initial "
                             f"BPE on this text: it needs more than {vocab_size - budget} (256 "
                             f"bytes, {len(prefixes)} leading-byte prefixes, "
                             f"{len(special_tokens)} special)")

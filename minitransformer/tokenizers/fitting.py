@@ -62,7 +62,7 @@ def choose_bpe(text: str, vocab_size: int) -> tuple[str, str | None]:
                          f"for GPT-2's byte level")
     return "bytes", (f"tokenizer: the corpus is {share:.0%} CJK, but a vocabulary of "
                      f"{vocab_size:,} is below {CHARS_FROM_VOCAB:,}, where starting from "
-                     f"characters begins to pay; byte-level BPE (--vocab-size "
+                     f"characters begins to pay; byte-level BPE (--vocab_size "
                      f"{CHARS_FROM_VOCAB} or more, or --tokenizer bpe-chars, to change it)")
 
 
@@ -95,6 +95,6 @@ def fit_bpe_lines(kind: str, lines: list[str], head: str, vocab_size: int | None
         return BPETokenizer.train_chars(lines, size, special_tokens=special_tokens)
     floor = 256 + len(special_tokens)  # every byte, plus the special tokens
     if size < floor:
-        raise UserError(f"--vocab-size {size} is too small for byte-level BPE: it needs at "
+        raise UserError(f"--vocab_size {size} is too small for byte-level BPE: it needs at "
                         f"least {floor} (256 bytes + {len(special_tokens)} special)")
     return BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)

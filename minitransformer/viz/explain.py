@@ -24,7 +24,7 @@ def explain_gpt(model, tokenizer, text: str, layer: int = 0, head: int = 0,
     _check_choice(layer, c.n_layer, "layer")
     _check_choice(head, c.n_head, "head")
     if top_k < 1:
-        raise UserError("--top-k must be at least 1")
+        raise UserError("--top_k must be at least 1")
     limit = min(c.block_size, DISPLAY_TOKENS)
     ids = encode_text(tokenizer, text, c.block_size)
     if len(ids) > limit:
