@@ -1,6 +1,7 @@
 """`train --tokenizer bpe`: byte-level BPE fitted on the corpus, lossless, saved with the run."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -87,3 +88,13 @@ def test_train_bpe_from_the_cli_then_sample(tmp_path, corpus, capsys):
                  "--seed", "1"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("ROMEO: 明月") and len(text) > len("ROMEO: 明月\n")
+    # evaluate: per token, and per character through the val text's tokens per character
+    assert main(["evaluate", str(out)]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    per_token = float(rows["bits/token"])
+    per_char, ratio = re.fullmatch(r"(\S+) \((\S+) tokens per character of the val text\)",
+                                   rows["bits/character"]).groups()
+    tail = corpus[-1500:]  # within the val split, the last 10% of the tokens (Chinese)
+    expected = len(tokenizer_from_dict(saved).encode(tail)) / len(tail)
+    assert float(ratio) == pytest.approx(expected, rel=0.1)
+    assert float(per_char) == pytest.approx(per_token * float(ratio), abs=1e-2)  # rounded

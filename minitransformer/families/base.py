@@ -269,8 +269,21 @@ def data_label(meta: dict, fallback: str) -> str:
     return ", ".join(Path(s).name or s for s in sources)
 
 
-def loss_lines(loss: float, per: str) -> list[str]:
-    """Val loss, perplexity and bits per token (or character)."""
+def loss_lines(loss: float, per: str, tokens_per_char: float | None = None) -> list[str]:
+    """Val loss, perplexity and bits per token (or character); with ``tokens_per_char`` (a
+    tokenizer's tokens per character of the val text) bits per character too, the figure
+    that compares runs whose tokenizers differ."""
     rows = [("val loss", f"{loss:.4f} nats/{per}"), ("perplexity", f"{math.exp(loss):.3f}"),
             (f"bits/{per}", f"{loss / math.log(2):.4f}")]
+    if tokens_per_char is not None:
+        rows.append(("bits/character", f"{loss * tokens_per_char / math.log(2):.4f} "
+                                       f"({tokens_per_char:.3f} tokens per character of the "
+                                       f"val text)"))
     return [f"{name:<16}{value}" for name, value in rows]
+
+
+def tokens_per_character(tokenizer, ids, limit: int = 1_000_000) -> float:
+    """Tokens per character of the text ``ids`` (its first ``limit`` tokens) decode to."""
+    ids = ids[:limit]
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return len(ids) / max(1, len(tokenizer.decode(ids)))

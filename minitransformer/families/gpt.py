@@ -21,7 +21,15 @@ from ..tokenizers.fitting import GPT_SPECIALS
 from ..training.trainer import LanguageModelTask
 from ..viz.explain import explain_gpt
 from ..viz.views import self_attention_views
-from .base import Built, CannotEvaluate, Prepared, loss_lines, run_meta, summary_lines
+from .base import (
+    Built,
+    CannotEvaluate,
+    Prepared,
+    loss_lines,
+    run_meta,
+    summary_lines,
+    tokens_per_character,
+)
 from .streams import StreamFamily
 
 
@@ -61,8 +69,10 @@ class GPTFamily(StreamFamily):
                 f"{shlex.quote(corpus_prompt(prepared))}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
-        loss, *_ = self.val_loss(model, tokenizer, meta, options)
-        return loss_lines(loss, "character" if tokenizer.kind == "char" else "token")
+        loss, task, *_ = self.val_loss(model, tokenizer, meta, options)
+        if tokenizer.kind == "char":
+            return loss_lines(loss, "character")
+        return loss_lines(loss, "token", tokens_per_character(tokenizer, task.data["val"]))
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         return self_attention_views(model, tokenizer, text, target)
