@@ -12,7 +12,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from minitransformer.data import load_text
 from minitransformer.errors import UserError
 from minitransformer.tokenizers import fit_tokenizer, tokenizer_from_dict
-from minitransformer.tokenizers.bpe import CHAR_PIECES, BPETokenizer, _covering
+from minitransformer.tokenizers.bpe import CHAR_PIECES, BPETokenizer, _char_counts, _covering_counts
 from minitransformer.tokenizers.fitting import CHARS_FROM_VOCAB, choose_bpe, cjk_share
 
 SAMPLES = [
@@ -139,10 +139,11 @@ def test_earlier_byte_fallback_tokenizers_still_work():
 
 
 def test_coverage_counts_characters_and_keeps_ties():
-    assert _covering(["aabbc"], 0.5) == 2  # a, then b: 4 of 5 >= 2.5
-    assert _covering(["aabbc"], 0.9) == 3
-    assert _covering(["abc"], 0.3) == 3  # a alone covers it, but b and c are as frequent
-    assert _covering([], 0.975) == 0
+    assert _covering_counts(_char_counts(["aabbc"]), 0.5) == 2  # a, then b: 4 of 5 >= 2.5
+    assert _covering_counts(_char_counts(["aabbc"]), 0.9) == 3
+    # a alone covers it, but b and c are as frequent
+    assert _covering_counts(_char_counts(["abc"]), 0.3) == 3
+    assert _covering_counts(_char_counts([]), 0.975) == 0
 
 
 def test_saved_and_rebuilt(chars):

@@ -132,7 +132,7 @@ class BPETokenizer:
         ids: the special tokens, the 256 bytes, the spelling tokens (the leading bytes of
         multi-byte characters, ``_leading_bytes``, then the alphabet's characters), then the
         merges; ``vocab_size`` counts them all. The alphabet keeps the most frequent
-        characters that cover ``char_coverage`` of the text (``_covering``), at most
+        characters that cover ``char_coverage`` of the text (``_covering_counts``), at most
         ``alphabet_share`` of what is left for characters and merges.
         """
         special_tokens, texts = list(special_tokens), list(texts)
@@ -283,11 +283,6 @@ def _char_counts(texts: Iterable[str]) -> Counter:
     for text in texts:
         counts.update(text)
     return counts
-
-
-def _covering(texts: list[str], coverage: float) -> int:
-    """``_covering_counts`` of the characters of ``texts``."""
-    return _covering_counts(_char_counts(texts), coverage)
 
 
 def _covering_counts(counts: Counter, coverage: float) -> int:
