@@ -182,3 +182,26 @@ def test_min_len_option_is_checked():
     assert decoding_options({})["min_len"] == 0
     with pytest.raises(UserError, match="--min_len"):
         decoding_options({"min_len": 6, "max_len": 5})
+    assert decoding_options({"beam": 1})["beam"] == 1
+    for bad in ({"beam": 0}, {"length_penalty": float("nan")}, {"length_penalty": 1e308},
+                {"length_penalty": -0.1}):
+        with pytest.raises(UserError, match=f"--{next(iter(bad))}"):
+            decoding_options(bad)
+
+
+def test_min_len_without_max_len_raises_the_default_within_the_positions():
+    from minitransformer.errors import UserError
+    from minitransformer.families.seq2seq import decoding_options
+
+    sinusoidal = make_model(seed=5)  # positions without an end
+    src = sources(3, 17, seed=5)  # the default max_len is 1.5 x the longest source + 10
+    assert all(len(t) == 60 for t in greedy_decode(sinusoidal, src, min_len=60).tokens)
+    assert decoding_options({"min_len": 500}, sinusoidal)["min_len"] == 500
+    torch.manual_seed(0)
+    learned = Seq2SeqTransformer(Seq2SeqConfig(vocab_size=17, block_size=32, n_layer=1,
+                                               n_head=2, n_embd=16, pos_encoding="learned"))
+    assert decoding_options({"min_len": 31}, learned.eval())["min_len"] == 31
+    for flag in ("min_len", "max_len"):  # the decoder's input <s> y_1 .. y_31 fills 32
+        with pytest.raises(UserError, match=f"--{flag} must be at most 31"):
+            decoding_options({flag: 32}, learned)
+    assert all(len(t) == 31 for t in greedy_decode(learned, src, min_len=31).tokens)

@@ -8,7 +8,15 @@ import argparse
 import pytest
 
 from minitransformer.cli import COMMANDS, build_parser, main
-from minitransformer.cli.flags import duration, nonneg_int, on_off, parse_bool, positive_int
+from minitransformer.cli.flags import (
+    duration,
+    length_penalty,
+    nonneg_int,
+    on_off,
+    parse_bool,
+    positive_int,
+    seed,
+)
 
 # what each command needs before an optional flag can be tried on it
 REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],
@@ -34,7 +42,7 @@ def _value(action) -> str | None:
         return str(list(action.choices)[-1])
     kind = action.type
     return {int: "3", positive_int: "3", nonneg_int: "3", float: "0.5", parse_bool: "true",
-            duration: "10s",
+            duration: "10s", seed: "3", length_penalty: "0.5",
             on_off: "on"}.get(kind, "x")
 
 

@@ -110,6 +110,35 @@ def test_command_that_does_not_apply_is_a_user_error(runs, family, command, word
     _user_error(capsys, *words)
 
 
+@pytest.mark.parametrize("command, words", [
+    (["translate", "hello", "--beam", "0"], ["--beam", "positive"]),
+    (["translate", "hello", "--length_penalty", "nan"], ["--length_penalty", "0 to 10"]),
+    (["translate", "hello", "--length_penalty", "1e308"], ["--length_penalty", "0 to 10"]),
+    (["translate", "hello", "--encoding", "latin-1"], ["--encoding", "--input"]),
+    (["translate", "--input", "{tmp}/in.txt", "--encoding", "no-such"], ["unknown encoding"]),
+    (["translate", " "], ["empty"]),
+    (["evaluate", "--beam", "0"], ["--beam", "positive"]),
+    (["evaluate", "--examples", "-1"], ["--examples", "negative"]),
+    (["evaluate", "--encoding", "latin-1"], ["--encoding", "--data"]),
+])
+def test_bad_decoding_values_are_user_errors(runs, command, words, tmp_path, capsys):
+    out, _ = runs
+    (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    assert main([args[0], str(out["seq2seq"]), *args[1:]]) == 2
+    _user_error(capsys, *words)
+
+
+def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys):
+    out, _ = runs
+    (tmp_path / "in.txt").write_bytes("caf\xe9 na\xefve".encode("latin-1"))
+    assert main(["translate", str(out["seq2seq"]), "--input", str(tmp_path / "in.txt"),
+                 "--encoding", "latin-1", "--beam", "1"]) == 0
+    latin = capsys.readouterr().out
+    assert main(["translate", str(out["seq2seq"]), "café naïve", "--beam", "1"]) == 0
+    assert capsys.readouterr().out == latin
+
+
 @pytest.mark.parametrize("flag, value, owner", [
     ("--label_smoothing", "0.2", "seq2seq"),
     ("--batch_tokens", "512", "seq2seq"),

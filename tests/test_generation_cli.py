@@ -57,6 +57,8 @@ def test_context_flags_in_both_spellings(run, capsys):
 
 
 @pytest.mark.parametrize("flags, words", [
+    (["--context-mode", "roll", "--no-cache"], ["--context_mode roll", "--no_cache"]),
+    (["--seed", 2 ** 64], ["--seed", "2**63"]),
     (["--context-shift", 32], ["--context_shift", "block_size (32)"]),
     (["--context-shift", 99], ["--context_shift", "32"]),
     (["--context-shift", -1], ["--context", "negative"]),
@@ -68,7 +70,7 @@ def test_bad_window_and_batch_values_exit_2_with_one_line(run, capsys, flags, wo
     code, out, err = _sample(capsys, run, *flags)
     assert code == 2, err
     assert "Traceback" not in err and out == ""
-    if not flags[0].startswith("--num") and flags[1] not in (-1, "slide"):  # ours, not argparse's
+    if not flags[0].startswith(("--num", "--seed")) and flags[1] not in (-1, "slide"):  # ours
         assert len(err.strip().splitlines()) == 1, err
     for word in words:
         assert word in err, (word, err)

@@ -11,7 +11,7 @@ from ..families import load_run
 from ..families.base import NotApplicable
 from ..families.seq2seq import BLEU_TOKENIZERS
 from ..training.device import pick_device
-from .flags import add_decoding_flags, add_device, add_run_dir, positive_int
+from .flags import add_decoding_flags, add_device, add_run_dir, nonneg_int, positive_int, seed
 
 OPTIONS = ("data", "encoding", "eval_iters", "batch_size", "seed", "split", "limit",
            "examples", "beam", "length_penalty", "max_len", "bleu_tokenize")
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
                    help="batches averaged for the val loss (default: the run's eval_iters)")
     e.add_argument("--batch_size", type=positive_int, default=None,
                    help="batch size of the val loss (default: the run's batch_size)")
-    e.add_argument("--seed", type=int, default=None,
+    e.add_argument("--seed", type=seed, default=None,
                    help="seed of the val batches (default 0, as in training)")
     add_decoding_flags(e)
     g = e.add_argument_group("BLEU (encoder-decoder runs)")
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                    help="the split to score with BLEU (default test)")
     g.add_argument("--limit", type=positive_int, default=None,
                    help="score only the first N pairs of the split")
-    g.add_argument("--examples", type=int, default=None,
+    g.add_argument("--examples", type=nonneg_int, default=None,
                    help="print this many example translations (default 3)")
     g.add_argument("--bleu_tokenize", choices=BLEU_TOKENIZERS, default=None,
                    help="how sacreBLEU cuts sentences into words (default auto: zh when the "
@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
 
 def cmd_evaluate(args) -> int:
     options = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
+    if args.encoding is not None and args.data is None:
+        raise NotApplicable("--encoding is the encoding of --data; without it the run's own "
+                            "data is read in the run's encoding")
     device = pick_device(args.device)
     run = load_run(args.dir, args.which, device)
     foreign = sorted(set(options) - run.family.evaluate_options)

@@ -23,6 +23,7 @@ from typing import Literal, get_args
 
 from ..config import parse_duration
 from ..errors import ConfigError
+from ..models.decoding import MAX_LENGTH_PENALTY
 
 SET_BY_TOKENIZER = {"pad_id", "bos_id", "eos_id", "mask_id"}  # never flags
 NO_DEFAULT = {"vocab_size"}  # the tokenizer decides; the help says how
@@ -56,6 +57,28 @@ def nonneg_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+SEED_LIMIT = 2 ** 63  # the server's limit too; torch's generators take up to 2**64 - 1
+
+
+def seed(text: str) -> int:
+    """A random seed: a whole number from 0 to 2**63 - 1."""
+    value = nonneg_int(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be less than 2**63, got {value}")
+    return value
+
+
+def length_penalty(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= MAX_LENGTH_PENALTY:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_LENGTH_PENALTY:g}, "
+                                         f"got {text}")
     return value
 
 
@@ -178,11 +201,12 @@ def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """Beam search flags, for translate and for evaluate of an encoder-decoder."""
     g = parser.add_argument_group("decoding (encoder-decoder runs)")
-    g.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)")
-    g.add_argument("--length_penalty", type=float, default=None,
-                   help="GNMT length penalty alpha for beam search, 0 = off (default 0.6, "
-                        "as in the paper)")
-    g.add_argument("--max_len", type=int, default=None,
+    g.add_argument("--beam", type=positive_int, default=None,
+                   help="beam size; 1 = greedy (default 4)")
+    g.add_argument("--length_penalty", type=length_penalty, default=None,
+                   help=f"GNMT length penalty alpha for beam search, 0 = off, at most "
+                        f"{MAX_LENGTH_PENALTY:g} (default 0.6, as in the paper)")
+    g.add_argument("--max_len", type=positive_int, default=None,
                    help="longest translation in tokens (default 1.5 x source + 10)")
 
 

@@ -21,7 +21,7 @@ from ..models import GPT
 from ..models.generation import ROLLABLE, decoding_weights
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
-from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int
+from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int, seed
 
 WINDOW_HELP = """\
 past the context window: a model sees at most block_size tokens. --context_shift N: when the
@@ -56,8 +56,9 @@ def add_sample(sub) -> None:
     s.add_argument("--top-p", "--top_p", type=float, default=1.0,
                    help="sample from the smallest set of tokens holding probability p; 1 = "
                         "off (default 1)")
-    s.add_argument("--seed", type=int, default=None,
-                   help="seed for reproducible samples (default none: new text every run)")
+    s.add_argument("--seed", type=seed, default=None,
+                   help="seed for reproducible samples, 0 to 2**63 - 1 (default none: new "
+                        "text every run)")
     s.add_argument("--context-shift", "--context_shift", type=nonneg_int, default=None,
                    help="tokens dropped at once when the text outgrows the context window; "
                         "0 = exact sliding window; see below (default block_size // 4)")
@@ -87,7 +88,9 @@ def add_translate(sub) -> None:
                    help="shortest translation in tokens: no </s> before it (default 0)")
     t.add_argument("--batch-size", "--batch_size", type=positive_int, default=None,
                    help="sentences decoded together (default 32)")
-    t.add_argument("--encoding", default="utf-8", help="text encoding of --input (default utf-8)")
+    t.add_argument("--encoding", default=None,
+                   help="text encoding of --input (default utf-8; standard input: the "
+                        "terminal's)")
     add_which(t)
     add_device(t)
     t.set_defaults(func=cmd_translate)
@@ -109,6 +112,9 @@ def check_window_args(args, model) -> None:
     if args.context_shift is not None and args.context_shift >= block:
         raise UserError(f"--context_shift must be less than the model's block_size ({block}), "
                         f"got {args.context_shift}")
+    if args.context_mode == "roll" and args.no_cache:
+        raise UserError("--context_mode roll rolls the KV cache, and --no_cache has none (it "
+                        "recomputes every window, as recompute does): drop one of them")
     if args.context_mode == "roll" and pos not in ROLLABLE:
         raise UserError(f"--context_mode roll needs rope, alibi or no positions; this model "
                         f"has {pos} positions (part of every cached key): use recompute")
@@ -180,19 +186,27 @@ def _sample_hf(args, device) -> int:
 
 def _read_lines(args) -> list[str]:
     if args.input is None:
+        if args.encoding is not None:
+            raise UserError("--encoding is the encoding of --input; there is none")
         if not args.text:
             raise UserError("nothing to translate: give a sentence or --input FILE")
+        if not any(text.strip() for text in args.text):
+            raise UserError("the sentence is empty: give some text to translate")
         return list(args.text)
     if args.text:
         raise UserError("give the text or --input FILE, not both")
-    if args.input == "-":
+    if args.input == "-" and args.encoding is None:
         return sys.stdin.read().splitlines()
+    encoding = args.encoding or "utf-8"
     try:
-        return Path(args.input).read_text(encoding=args.encoding).splitlines()
+        raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+        return raw.decode(encoding).splitlines()
     except OSError as e:
         raise UserError(f"cannot read {args.input}: {e.strerror}") from None
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
     except UnicodeDecodeError:
-        raise UserError(f"{args.input} is not valid {args.encoding}; pass --encoding") from None
+        raise UserError(f"{args.input} is not valid {encoding}; pass --encoding") from None
 
 
 def cmd_translate(args) -> int:

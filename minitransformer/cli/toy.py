@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..toy import TASKS, run_toy
-from .flags import positive_int
+from .flags import positive_int, seed
 
 
 def add_parser(sub) -> None:
@@ -12,5 +12,5 @@ def add_parser(sub) -> None:
     t.add_argument("--task", choices=TASKS, default="reverse", help="(default reverse)")
     t.add_argument("--steps", type=positive_int, default=400,
                    help="optimizer steps (default 400)")
-    t.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    t.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     t.set_defaults(func=lambda args: run_toy(args.task, args.steps, args.seed))

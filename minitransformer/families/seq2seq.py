@@ -23,7 +23,7 @@ from ..data import (
 )
 from ..data.text import BUNDLED
 from ..models import Seq2SeqTransformer
-from ..models.decoding import translate_many
+from ..models.decoding import MAX_LENGTH_PENALTY, longest_output, translate_many
 from ..presets import SEQ2SEQ as PRESETS
 from ..tokenizers import BPETokenizer
 from ..tokenizers.fitting import cjk_share, is_cjk
@@ -159,7 +159,7 @@ class Seq2SeqFamily(Family):
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
         """Val loss as training measured it, then BLEU on a split (greedy and beam)."""
-        opts = decoding_options(options)
+        opts = decoding_options(options, model)
         source, encoding = data_source(meta, options)
         prepared = self.reopen(meta, tokenizer, source, encoding)
         cfg = train_config(meta)
@@ -174,7 +174,7 @@ class Seq2SeqFamily(Family):
 
     def translate(self, model, tokenizer, lines: list[str], options: dict, device) -> list[str]:
         """One translation per line (empty lines stay empty)."""
-        opts = decoding_options(options)
+        opts = decoding_options(options, model)
         todo = [i for i, line in enumerate(lines) if line.strip()]
         outs = translate_many(model, encode_sources(model, tokenizer, [lines[i] for i in todo]),
                               opts["beam"], opts["max_len"], opts["length_penalty"],
@@ -186,20 +186,27 @@ class Seq2SeqFamily(Family):
         return result
 
 
-def decoding_options(options: dict) -> dict:
-    """Beam size, GNMT length penalty, the longest and the shortest output, checked."""
-    beam = options.get("beam") or 4
+def decoding_options(options: dict, model=None) -> dict:
+    """Beam size, GNMT length penalty, the longest and the shortest output, checked (against
+    the longest output ``model``'s positions allow, when it is given)."""
+    beam = 4 if options.get("beam") is None else options["beam"]
     penalty = 0.6 if options.get("length_penalty") is None else options["length_penalty"]
     max_len = options.get("max_len")
     if beam < 1:
         raise NotApplicable(f"--beam must be at least 1, got {beam}")
-    if penalty < 0:
-        raise NotApplicable(f"--length_penalty must be >= 0, got {penalty}")
+    if not 0 <= penalty <= MAX_LENGTH_PENALTY:  # also refuses nan and inf
+        raise NotApplicable(f"--length_penalty must be from 0 to {MAX_LENGTH_PENALTY:g}, "
+                            f"got {penalty}")
     if max_len is not None and max_len < 1:
         raise NotApplicable(f"--max_len must be at least 1, got {max_len}")
     min_len = options.get("min_len") or 0
     if min_len < 0 or (max_len is not None and min_len > max_len):
         raise NotApplicable(f"--min_len must be in 0 .. --max_len, got {min_len}")
+    limit = None if model is None else longest_output(model)
+    for flag, value in (("max_len", max_len), ("min_len", min_len)):
+        if limit is not None and value is not None and value > limit:
+            raise NotApplicable(f"--{flag} must be at most {limit}, the longest translation "
+                                f"this model's learned positions allow, got {value}")
     return {"beam": beam, "length_penalty": penalty, "max_len": max_len, "min_len": min_len}
 
 

@@ -40,13 +40,25 @@ class Decoded:
     scores: list[float]
 
 
-def default_max_len(model, src: torch.Tensor) -> int:
-    """1.5 x the longest source + 10 tokens, within the learned position table if there is one."""
+def default_max_len(model, src: torch.Tensor, min_len: int = 0) -> int:
+    """1.5 x the longest source + 10 tokens, or ``min_len`` if that is more, within the
+    learned position table if there is one (``longest_output``)."""
     longest = int((src != model.config.pad_id).sum(dim=1).max()) if src.numel() else 0
-    max_len = longest * 3 // 2 + 10
-    if model.config.pos_encoding == "learned":
-        max_len = min(max_len, model.config.block_size - 1)
-    return max_len
+    max_len = max(longest * 3 // 2 + 10, min_len)
+    limit = longest_output(model)
+    return max_len if limit is None else min(max_len, limit)
+
+
+def longest_output(model) -> int | None:
+    """The most tokens a translation can have: the decoder's input <s> y_1 .. y_n must fit
+    the learned position table; None when the positions have no end."""
+    c = model.config
+    return c.block_size - 1 if c.pos_encoding == "learned" else None
+
+
+# Largest length penalty alpha the commands take. The paper used 0.6, and Wu et al. searched
+# 0 to 1; far past that lp(L) overflows for long outputs (alpha 1e308), to no use.
+MAX_LENGTH_PENALTY = 10.0
 
 
 def length_penalty_factor(length: int, alpha: float) -> float:
@@ -95,7 +107,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     c = model.config
     with inference_scope(model, use_cache):
         b = src.shape[0]
-        max_len = default_max_len(model, src) if max_len is None else max_len
+        max_len = default_max_len(model, src, min_len) if max_len is None else max_len
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -138,7 +150,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         raise ValueError(f"beam size must be at least 1, got {k}")
     with inference_scope(model, use_cache):
         b, dev = src.shape[0], src.device
-        max_len = default_max_len(model, src) if max_len is None else max_len
+        max_len = default_max_len(model, src, min_len) if max_len is None else max_len
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
@@ -242,5 +254,5 @@ def translate_many(model, sources: list[list[int]], beam_size: int = 1,
     return results
 
 
-__all__ = ["Decoded", "beam_search", "default_max_len", "greedy_decode",
-           "length_penalty_factor", "pad_batch", "translate_many"]
+__all__ = ["MAX_LENGTH_PENALTY", "Decoded", "beam_search", "default_max_len", "greedy_decode",
+           "length_penalty_factor", "longest_output", "pad_batch", "translate_many"]
