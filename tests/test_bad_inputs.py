@@ -162,6 +162,29 @@ def test_broken_checkpoints(run_dir, tmp_path, capsys):
 
 def test_missing_checkpoint_folder(tmp_path, capsys):
     check_user_error(capsys, ["sample", tmp_path / "nope", "--prompt", "a"], "no such")
+    (tmp_path / "a.txt").write_text("hello", encoding="utf-8")
+    check_user_error(capsys, ["sample", tmp_path / "a.txt"], "is a file", "run folder")
+
+
+def test_resume_and_force_together_are_refused(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    before = (copy / "model.safetensors").read_bytes()
+    check_user_error(capsys, ["train", "--out", copy, "--resume", "--force", "--quiet"],
+                     "give one of them")
+    assert (copy / "model.safetensors").read_bytes() == before
+
+
+def test_resume_names_a_later_folder_it_skips(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    newest = sorted((copy / "checkpoints").iterdir())[-1]
+    damaged = newest.with_name("step_9999999")
+    shutil.copytree(newest, damaged)
+    (damaged / "trainer_state.json").unlink()  # as if its save had been cut short
+    assert main(["train", "--out", str(copy), "--resume", "--max_iters", "5", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "from step 4" in out and "skipped step_9999999: incomplete" in out, out
 
 
 def test_sequence_longer_than_a_learned_position_table():

@@ -184,6 +184,8 @@ def resolve_model_dir(path, which: str = "best") -> Path:
     path = Path(path)
     if not path.exists():
         raise UserError(f"no such checkpoint folder: {path}")
+    if not path.is_dir():
+        raise UserError(f"{path} is a file; give a run folder or a checkpoint folder")
     if which == "last":
         found = list_checkpoints(path)
         if found:

@@ -78,6 +78,9 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; give a folder for the run")
     has_run = (out_dir / ckpt.CONFIG_FILE).exists() or (out_dir / ckpt.CHECKPOINTS).exists()
+    if resume and force:
+        raise UserError("--resume continues the run in --out and --force replaces it: "
+                        "give one of them")
     if resume and not ckpt.list_checkpoints(out_dir):
         raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
     if not resume and has_run and not force:
@@ -176,6 +179,11 @@ class TrainingRun:
         if self.main:
             self.echo(f"resuming {self.out_dir} from step {self.step} "
                       f"(val loss {self.last_val:.4f})")
+            skipped = sorted(p.name for p in (self.out_dir / ckpt.CHECKPOINTS).glob("step_*")
+                             if p.is_dir() and p.name > folder.name)
+            if skipped:  # a later folder without its trainer_state.json: not a checkpoint
+                self.echo(f"note: skipped {', '.join(skipped)}: incomplete (no "
+                          f"{ckpt.STATE_JSON})")
 
     def start(self, resume: bool, progress: bool) -> None:
         """Open log.csv (one entropy column per attention map), compile, wrap in DDP."""
