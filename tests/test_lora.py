@@ -241,7 +241,7 @@ def test_resume_keeps_the_lora_settings(lora_run, tmp_path, capsys):
     assert code == 2 and "without LoRA" in err and len(err.strip().splitlines()) == 1
 
 
-def test_lora_on_a_model_started_from_another_run(lora_run, tmp_path):
+def test_lora_on_a_model_started_from_another_run(lora_run, tmp_path, capsys):
     """--init_from a plain run: the frozen weights stay the source's to the bit, and PEFT's own
     PeftModel over the source model with the saved adapter gives the merged run's logits."""
     data, _ = lora_run
@@ -249,6 +249,9 @@ def test_lora_on_a_model_started_from_another_run(lora_run, tmp_path):
     _train(data, source, "--max_iters", "10", "--eval_interval", "10")
     _train(data, tuned, "--init_from", str(source), "--max_iters", "10", "--eval_interval", "5",
            "--lora_rank", "2", "--lora_targets", "out_proj,fc", "--lora_save_adapter", "true")
+    assert "frozen random weights" not in capsys.readouterr().out
+    _train(data, tmp_path / "scratch", "--max_iters", "1", "--lora_rank", "2")
+    assert "note: LoRA without --init_from" in capsys.readouterr().out
     before, after = (load_file(run / "model.safetensors") for run in (source, tuned))
     assert before.keys() == after.keys()
     for name in before:

@@ -243,6 +243,9 @@ def train_run(req: TrainRequest, echo=print) -> int:
         if lora:
             echo(lora.summary())
         echo(f"run folder {out}")
+    if lora and req.init_from is None and not req.resume:
+        echo("note: LoRA without --init_from trains adapters on frozen random weights; to "
+             "fine-tune, start from a trained model with --init_from PATH")
     for line in notes:
         echo(line)
     result = train(built.model, prepared.tokenizer, built.task, train_cfg, out, built.meta,
