@@ -17,6 +17,7 @@ from minitransformer.cli.flags import (
     positive_int,
     seed,
 )
+from minitransformer.cli.serve import port_number
 
 # what each command needs before an optional flag can be tried on it
 REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],
@@ -42,7 +43,7 @@ def _value(action) -> str | None:
         return str(list(action.choices)[-1])
     kind = action.type
     return {int: "3", positive_int: "3", nonneg_int: "3", float: "0.5", parse_bool: "true",
-            duration: "10s", seed: "3", length_penalty: "0.5",
+            duration: "10s", seed: "3", length_penalty: "0.5", port_number: "3",
             on_off: "on"}.get(kind, "x")
 
 

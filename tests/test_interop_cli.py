@@ -1,5 +1,6 @@
 """`minitransformer embed --hf` and `minitransformer sample --hf` on local folders."""
 
+import dataclasses
 import json
 import os
 
@@ -12,8 +13,13 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 
 from minitransformer.cli import main  # noqa: E402
+from minitransformer.config import GPTConfig  # noqa: E402
 from minitransformer.data import load_text  # noqa: E402
 from minitransformer.interop import load_hf_tokenizer  # noqa: E402
+from minitransformer.interop.hf import EXPORT_FILES  # noqa: E402
+from minitransformer.models import GPT  # noqa: E402
+from minitransformer.tokenizers import CharTokenizer  # noqa: E402
+from minitransformer.training.checkpoint import write_model_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +105,79 @@ def test_embed_json_and_single_sentence(minilm_path, capsys):
     assert main(["embed", "--hf", minilm_path, "A man is eating food."]) == 0
     values = [float(v) for v in capsys.readouterr().out.split()]
     assert values == pytest.approx(data["embeddings"][0], abs=1e-5)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A tiny run folder written as training writes it: the best model at the top and one
+    checkpoint in checkpoints/ (model files only: enough to be recognised and loaded)."""
+    tokenizer = CharTokenizer.fit("abc ")
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=8, n_layer=1, n_head=1,
+                    n_embd=8)
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    folder = tmp_path / "run"
+    for where in (folder, folder / "checkpoints" / "step_0000010"):
+        write_model_files(where, GPT(cfg), meta, tokenizer)
+    return folder
+
+
+def _files(folder):
+    """{relative path: bytes} of every file under ``folder``."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_export_never_writes_into_a_run(run_dir, capsys):
+    before = _files(run_dir)
+    for target in (run_dir, run_dir / "checkpoints" / "step_0000010", run_dir / "checkpoints",
+                   run_dir / "checkpoints" / "new"):
+        for force in ([], ["--force"]):
+            assert main(["export", str(run_dir), "--hf", str(target), *force]) == 2
+            err = _one_line_error(capsys)
+            assert "run or checkpoint folder" in err and "choose another folder" in err, err
+    assert _files(run_dir) == before
+    assert main(["export", str(run_dir), "--hf", str(run_dir / "hf")]) == 0  # a new subfolder
+    assert _files(run_dir / "hf").keys() <= set(EXPORT_FILES)
+
+
+def test_export_replaces_an_earlier_export_only_with_force(run_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "README.md").write_text("mine", encoding="utf-8")
+    assert main(["export", str(run_dir), "--hf", str(out)]) == 0  # unrelated files only
+    assert set(_files(out)) == {*EXPORT_FILES, "README.md"}
+    (out / "config.json").write_text("{}", encoding="utf-8")  # an edit to keep
+    before = _files(out)
+    assert main(["export", str(run_dir), "--hf", str(out)]) == 2
+    assert "--force" in _one_line_error(capsys)
+    assert _files(out) == before
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--hf", str(out), "--force"]) == 0
+    after = _files(out)
+    assert after["README.md"] == b"mine" and after["config.json"] != b"{}"
+    capsys.readouterr()
+    assert main(["export", "--help"]) == 0
+    assert "--force" in capsys.readouterr().out
+
+
+def test_export_to_a_file_asks_for_a_folder(run_dir, tmp_path, capsys):
+    path = tmp_path / "taken.txt"
+    path.write_text("keep", encoding="utf-8")
+    for run in (run_dir, tmp_path / "no-such-run"):  # checked before the run is read
+        assert main(["export", str(run), "--hf", str(path)]) == 2
+        err = _one_line_error(capsys)
+        assert "is a file" in err and "folder" in err, err
+    assert path.read_text(encoding="utf-8") == "keep"
+
+
+def test_a_run_folder_given_as_hf_says_to_drop_hf(run_dir, capsys):
+    for command in (["sample", "--hf", str(run_dir)], ["embed", "a", "--hf", str(run_dir)]):
+        assert main(command) == 2
+        assert "without --hf" in _one_line_error(capsys)

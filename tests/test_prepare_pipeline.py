@@ -175,3 +175,18 @@ def test_clear_cache_empties_the_cache_alone_or_before_a_prepare(tmp_path, monke
     assert not (tmp_path / "cache").exists() and "removed the cache" in capsys.readouterr().out
     assert main(["prepare", "--out", str(tmp_path / "dd")]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parts", [("config.json", "checkpoints/step_0000010/config.json"),
+                                   ("checkpoints/step_0000010/config.json",)])
+def test_prepare_never_writes_into_a_training_run(tmp_path, tiny_corpus, capsys, parts):
+    run = tmp_path / "run"
+    for part in (*parts, TOKENIZER):
+        (run / part).parent.mkdir(parents=True, exist_ok=True)
+        (run / part).write_text('{"format": "minitransformer"}', encoding="utf-8")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for force in ([], ["--force"]):
+        assert main(["prepare", "--data", str(tiny_corpus), "--out", str(run), *force]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds a training run" in err, err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

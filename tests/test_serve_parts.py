@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from minitransformer.cli import main
+from minitransformer.cli import build_parser, main
 from minitransformer.config import GPTConfig
 from minitransformer.models import GPT
 from minitransformer.serve import is_loopback
@@ -226,3 +226,12 @@ def test_help_names_every_flag(capsys):
     for flag in ("--host", "--port", "--api_key", "--insecure_no_key", "--max_queue",
                  "--max_tokens", "--lang", "--which", "--device"):
         assert flag in out
+
+
+@pytest.mark.parametrize("port", ["65536", "99999", "-1"])
+def test_a_port_outside_0_to_65535_is_refused_by_the_flag(run_dir, port, capsys):
+    assert main(["serve", str(run_dir), "--port", port]) == 2
+    err = _error(capsys)
+    assert "--port" in err and ("0 to 65535" in err or "negative" in err), err
+    for edge in ("0", "65535"):  # the ends of the range parse
+        assert build_parser().parse_args(["serve", "d", "--port", edge]).port == int(edge)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ..errors import UserError
 from ..families import load_run
+from ..families.base import FORMAT
 from ..interop import describe, load_hf, save_hf
+from ..interop.hf import check_export_folder
 from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
+from ..training import checkpoint as ckpt
 from ..training.device import pick_device
 from .flags import HelpFormatter, add_device, add_run_dir
 
@@ -58,7 +62,11 @@ AutoModelForCausalLM.from_pretrained(OUT) gives a model with the run's weights a
 AutoTokenizer.from_pretrained(OUT) a fast tokenizer with the run's ids (char or BPE). The model
 is a LlamaForCausalLM for a Llama-shaped run (rmsnorm, swiglu, rope, Pre-LN, no biases; with
 qk_norm a Qwen3ForCausalLM), else a GPT2LMHeadModel, which needs GPT-2's options: learned
-positions, Pre-LN, biases."""
+positions, Pre-LN, biases.
+
+OUT must be a folder of its own: a run folder (or a checkpoint in it) is always refused, as
+its own config.json, model.safetensors and tokenizer.json would be replaced. Files of the
+names above already in OUT are replaced only with --force; other files are left alone."""
 
 
 class _RawFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -70,11 +78,45 @@ def add_export(sub) -> None:
         "export", help="write a trained GPT as a Hugging Face GPT-2 or Llama folder",
         description=EXPORT_DESCRIPTION, epilog=EXPORT_HELP, formatter_class=_RawFormatter)
     add_run_dir(x)
-    x.add_argument("--hf", required=True, metavar="PATH", help="folder to write")
+    x.add_argument("--hf", required=True, metavar="PATH",
+                   help="folder to write (created if missing); never a run folder")
+    x.add_argument("--force", action="store_true",
+                   help="replace the files of an earlier export in PATH (config.json, "
+                        "model.safetensors, tokenizer.json, ...); other files stay (default "
+                        "off: such a folder is refused)")
     x.set_defaults(func=cmd_export)
 
 
+def _has_our_config(folder: Path) -> bool:
+    """Whether ``folder``'s config.json is a minitransformer one (not a Hugging Face one)."""
+    try:
+        meta = json.loads((folder / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or not JSON: not a run's (--force decides)
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT["format"]
+
+
+def refuse_run_folder(path) -> None:
+    """Refuse an export into a run folder (our config.json or a checkpoints/ folder), a
+    checkpoint folder, or anywhere in a run's checkpoints/: the Hugging Face config.json,
+    model.safetensors and tokenizer.json would replace the run's own, whatever --force says."""
+    folder = Path(path).resolve()
+    run = next((p.parent for p in (folder, *folder.parents)  # the run whose checkpoints/ ...
+                if p.name == ckpt.CHECKPOINTS and (_has_our_config(p.parent)
+                                                   or ckpt.list_checkpoints(p.parent))), None)
+    if run is None and (_has_our_config(folder) or (folder / ckpt.CHECKPOINTS).is_dir()
+                        or (folder / ckpt.STATE_JSON).exists()):
+        run = folder  # ... or the folder itself
+    if run is not None:
+        raise UserError(f"--hf {path} is a minitransformer run or checkpoint folder (or lies "
+                        f"in one): export would replace its config.json, model.safetensors "
+                        f"and tokenizer.json; choose another folder, e.g. --hf "
+                        f"{run.parent / (run.name + '-hf')}")
+
+
 def cmd_export(args) -> int:
+    refuse_run_folder(args.hf)  # both checks before the model is loaded or anything written
+    check_export_folder(args.hf, args.force)
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("export")
     folder = save_hf(run.model, args.hf, run.tokenizer)

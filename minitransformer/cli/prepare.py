@@ -13,6 +13,7 @@ from ..data.cache import clear_cache
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import FAMILIES, get_family
+from ..training.checkpoint import holds_run
 from .flags import add_tokenizer_flag, positive_int
 
 
@@ -48,7 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--bpe_sample", type=positive_int, default=None, metavar="MB",
                    help="megabytes of text BPE is trained on, spread evenly over the sources; "
                         "a corpus this size or smaller is seen whole (default 16)")
-    p.add_argument("--force", action="store_true", help="replace a DATA_DIR already there")
+    p.add_argument("--force", action="store_true",
+                   help="replace a DATA_DIR already there (never a training run's folder)")
     p.add_argument("--clear_cache", action="store_true",
                    help="empty the cache that train --data FILE prepares into, first (alone: "
                         "only that)")
@@ -66,6 +68,10 @@ def cmd_prepare(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
+    if holds_run(out):
+        raise UserError(f"--out {out} holds a training run (its config.json or checkpoints/), "
+                        f"whose tokenizer.json prepare would replace; give prepare a folder "
+                        f"of its own (--force does not change this)")
     if (out / MANIFEST).exists() and not args.force:
         raise UserError(f"{out} already holds prepared data; pass --force to replace it")
     family = get_family(args.model)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -23,6 +24,17 @@ A host outside the loopback range needs --api_key (clients send 'Authorization: 
 or, knowingly, --insecure_no_key."""
 
 
+MAX_PORT = 65535  # TCP ports are 16-bit
+
+
+def port_number(text: str) -> int:
+    """--port: a whole number from 0 to 65535 (bind() would fail with an OverflowError)."""
+    value = nonneg_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0 to {MAX_PORT}, got {value}")
+    return value
+
+
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a run: OpenAI-compatible API and a playground page",
                        epilog=EPILOG,
@@ -32,8 +44,8 @@ def add_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; anything outside 127.0.0.0/8 and ::1 needs "
                         "--api_key (default 127.0.0.1)")
-    s.add_argument("--port", type=nonneg_int, default=8000,
-                   help="port to listen on; 0 = any free port (default 8000)")
+    s.add_argument("--port", type=port_number, default=8000,
+                   help="port to listen on, 0 to 65535; 0 = any free port (default 8000)")
     s.add_argument("--api_key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 and /api (default none)")
     s.add_argument("--insecure_no_key", action="store_true",

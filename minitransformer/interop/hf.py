@@ -9,6 +9,8 @@ folder.
                                       or LlamaForCausalLM,
                                       generation_config.json, and with ``tok`` the tokenizer
                                       files AutoTokenizer loads (see interop/tokenizer.py)
+    check_export_folder("out/")    -> refuses a file, or a folder already holding any of
+                                      EXPORT_FILES (unless force), before anything is written
 
 Everything is local: a folder on disk, read without unpickling, nothing downloaded.
 """
@@ -29,9 +31,15 @@ from .weights import hf_folder, load_mapped, read_hf_config, read_hf_weights
 SUPPORTED = ("gpt2", "llama", "qwen3", "bert")
 ARCHITECTURES = {"GPT2": "gpt2", "Llama": "llama", "Qwen3": "qwen3",
                  "Bert": "bert"}  # class name -> model_type
+# every file save_hf may write: its own three, then those of ExportedTokenizer.files
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json")
 
 
 def model_type(hf_config: dict) -> str:
+    if hf_config.get("format") == "minitransformer":  # the head of a run's own config.json
+        raise UserError("this folder holds a minitransformer run, not a Hugging Face model: "
+                        "give it without --hf")
     kind = hf_config.get("model_type")
     if kind is None:  # very old files name only the class
         arch = " ".join(hf_config.get("architectures") or [])
@@ -74,19 +82,24 @@ def save_hf(model, path, tokenizer=None) -> Path:
     ...). ``tokenizer`` (char, BPE or one read by ``load_hf_tokenizer``) is saved with the
     same ids as tokenizer.json, tokenizer_config.json and special_tokens_map.json
     (``AutoTokenizer.from_pretrained`` loads them); its special tokens give config.json and
-    generation_config.json their bos / eos ids.
+    generation_config.json their bos / eos ids. Files already in ``path`` of those names are
+    replaced, others left alone; callers that must not replace them call
+    ``check_export_folder`` first, as ``export`` does.
     """
     if not isinstance(model, GPT):
         raise UserError(f"only a GPT can be written as GPT-2 or Llama, not a "
                         f"{type(model).__name__}")
+    folder = check_export_folder(path, force=True)  # only a file is refused here
     arch = architecture(model.config)
     hf_config = arch.config_to_hf(model.config)
     tok = None if tokenizer is None else exported_tokenizer(tokenizer)
     files, generation = _tokenizer_files(tok, model.config)
     hf_config.update(generation)
     tensors = arch.state_to_hf(model.state_dict(), model.config)
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, no permission, ...
+        raise UserError(f"cannot create the folder {folder}: {e.strerror or e}") from None
     atomic_write(folder / "model.safetensors",
                  lambda tmp: save_file(tensors, tmp, {"format": "pt"}))
     atomic_write_json(folder / "config.json", hf_config)
@@ -94,6 +107,22 @@ def save_hf(model, path, tokenizer=None) -> Path:
     for name, content in files.items():
         write = atomic_write_text if isinstance(content, str) else atomic_write_json
         write(folder / name, content)
+    return folder
+
+
+def check_export_folder(path, force: bool = False) -> Path:
+    """Refuse, before anything is written, a ``path`` that ``save_hf`` should not write into:
+    a file (a folder is needed), or a folder that already holds any of ``EXPORT_FILES``
+    unless ``force`` (``save_hf`` then replaces them). Other files in the folder are left
+    alone either way. Returns the folder as a ``Path``."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file; give a folder to write the Hugging Face files "
+                        f"into")
+    there = [name for name in EXPORT_FILES if (folder / name).exists()]
+    if there and not force:
+        raise UserError(f"{folder} already holds {', '.join(there)}; pass --force to replace "
+                        f"them, or choose another folder")
     return folder
 
 
@@ -141,4 +170,4 @@ def describe(model) -> str:
             f"{c.n_embd} wide, context {c.block_size}, vocabulary {c.vocab_size:,}")
 
 
-__all__ = ["describe", "load_hf", "save_hf"]
+__all__ = ["EXPORT_FILES", "check_export_folder", "describe", "load_hf", "save_hf"]

@@ -142,6 +142,11 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
     return final
 
 
+def holds_run(folder) -> bool:
+    """Whether ``folder`` holds a training run: a config.json or a checkpoints/ folder."""
+    return (Path(folder) / CONFIG_FILE).exists() or (Path(folder) / CHECKPOINTS).exists()
+
+
 def list_checkpoints(out_dir: Path) -> list[Path]:
     """Complete checkpoint folders, oldest first."""
     root = Path(out_dir) / CHECKPOINTS

@@ -77,7 +77,7 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; give a folder for the run")
-    has_run = (out_dir / ckpt.CONFIG_FILE).exists() or (out_dir / ckpt.CHECKPOINTS).exists()
+    has_run = ckpt.holds_run(out_dir)
     if resume and force:
         raise UserError("--resume continues the run in --out and --force replaces it: "
                         "give one of them")
