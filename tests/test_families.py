@@ -129,6 +129,21 @@ def test_bad_decoding_values_are_user_errors(runs, command, words, tmp_path, cap
     _user_error(capsys, *words)
 
 
+def test_evaluate_reads_the_columns_asked_of_another_tsv(runs, tmp_path, capsys):
+    out, data = runs
+    rows = open(data["seq2seq"], encoding="utf-8").read().splitlines()[1:]  # no header
+    other = tmp_path / "other.tsv"
+    other.write_text("\n".join(rows) + "\n", encoding="utf-8")  # ref, en, es: 3 columns
+    run = str(out["seq2seq"])
+    assert main(["evaluate", run, "--data", str(other), "--limit", "2"]) == 2
+    _user_error(capsys, "--src 0 --tgt 1")
+    assert main(["evaluate", run, "--src", "1", "--tgt", "2", "--limit", "2"]) == 2
+    _user_error(capsys, "--src", "--data")
+    assert main(["evaluate", run, "--data", str(other), "--src", "1", "--tgt", "2", "--limit",
+                 "2", "--examples", "0", "--beam", "2"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+
+
 def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys):
     out, _ = runs
     (tmp_path / "in.txt").write_bytes("caf\xe9 na\xefve".encode("latin-1"))

@@ -14,7 +14,7 @@ from ..training.device import pick_device
 from .flags import add_decoding_flags, add_device, add_run_dir, nonneg_int, positive_int, seed
 
 OPTIONS = ("data", "encoding", "eval_iters", "batch_size", "seed", "split", "limit",
-           "examples", "beam", "length_penalty", "max_len", "bleu_tokenize")
+           "examples", "beam", "length_penalty", "max_len", "bleu_tokenize", "src", "tgt")
 
 
 def add_parser(sub) -> None:
@@ -31,6 +31,11 @@ def add_parser(sub) -> None:
                    help="seed of the val batches (default 0, as in training)")
     add_decoding_flags(e)
     g = e.add_argument_group("BLEU (encoder-decoder runs)")
+    g.add_argument("--src", default=None, metavar="COLUMN",
+                   help="source column of a --data TSV: a header name or an index (default: "
+                        "as in training)")
+    g.add_argument("--tgt", default=None, metavar="COLUMN",
+                   help="target column of a --data TSV (default: as in training)")
     g.add_argument("--split", choices=["test", "valid", "train"], default=None,
                    help="the split to score with BLEU (default test)")
     g.add_argument("--limit", type=positive_int, default=None,

@@ -78,8 +78,8 @@ def check_length(train: torch.Tensor, val: torch.Tensor, block_size: int, source
         if len(part) < need:
             raise UserError(
                 f"{source} is too short: its {name} part has {len(part)} tokens but a window "
-                f"of block_size + 1 = {need} is needed; use a longer text or a smaller "
-                f"--block_size")
+                f"of block_size + 1 = {need} is needed; use a longer text (or, to train, "
+                f"a smaller --block_size)")
 
 
 def get_batch(data: torch.Tensor, batch_size: int, block_size: int,

@@ -60,7 +60,8 @@ class Seq2SeqFamily(Family):
     redirects = {"sample": "it translates: minitransformer translate DIR \"a sentence\"",
                  "explain": "its attention maps: minitransformer attention DIR --text ..."}
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
-                                  "split", "limit", "examples", "bleu_tokenize"}) | DECODING
+                                  "split", "limit", "examples", "bleu_tokenize", "src",
+                                  "tgt"}) | DECODING
 
     def claims(self, source: str | None, source_tgt: str | None) -> bool:
         """Sentence pairs imply this family: two aligned files, or a .tsv corpus."""
@@ -95,9 +96,12 @@ class Seq2SeqFamily(Family):
         return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding, data_cfg)
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
-               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+               source_tgt: str | None = None, newline: str | None = None,
+               columns: dict | None = None) -> Prepared:
+        """The run's corpus (or ``source``) read again; ``columns``: {"src": ..., "tgt": ...}
+        to read instead of the columns the run was trained on (evaluate --src / --tgt)."""
         data = meta.get("data", {})
-        data_cfg = self._data_config(data.get("config", {}))
+        data_cfg = self._data_config({**data.get("config", {}), **(columns or {})})
         if source_tgt is None and source == data.get("source"):
             source_tgt = data.get("source_tgt")
         corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
@@ -161,7 +165,11 @@ class Seq2SeqFamily(Family):
         """Val loss as training measured it, then BLEU on a split (greedy and beam)."""
         opts = decoding_options(options, model)
         source, encoding = data_source(meta, options)
-        prepared = self.reopen(meta, tokenizer, source, encoding)
+        columns = {k: options[k] for k in ("src", "tgt") if k in options}
+        if columns and "data" not in options:
+            raise NotApplicable(f"--{next(iter(columns))} names a column of --data; without "
+                                f"it the run's own corpus is read as in training")
+        prepared = self.reopen(meta, tokenizer, source, encoding, columns=columns)
         cfg = train_config(meta)
         built_task = self.build(prepared, self.saved_fields(meta), cfg.seed).task
         loss = estimate_loss(model, built_task, "val", options.get("batch_size")
