@@ -193,3 +193,12 @@ def test_sequence_longer_than_a_learned_position_table():
         model(torch.zeros(1, 9, dtype=torch.long))
     # generation crops the context instead, so it never hits the limit
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 20).shape == (1, 21)
+
+
+def test_an_impossible_model_setting_fails_before_the_data_is_read(tmp_path, capsys):
+    # the data is never opened (it does not even exist): the setting is refused first
+    for flags, words in ((["--n_layer", "0"], ["n_layer"]),
+                         (["--n_embd", "30", "--n_head", "4"], ["n_embd", "n_head"])):
+        check_user_error(capsys, ["train", "--data", tmp_path / "missing.txt", "--out",
+                                  tmp_path / "o", "--preset", "debug", *flags], *words)
+    assert not (tmp_path / "o").exists()

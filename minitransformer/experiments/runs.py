@@ -96,10 +96,12 @@ def new_run(req: TrainRequest, echo=print):
     base = family.preset(req.preset)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
     train_cfg = _train_config(train_f)
-    prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
-                              model_f, req.tokenizer, req.data_tgt, req.newline)
     sized = family.can_autosize and req.preset is None \
         and req.fields.get("time_budget") is not None  # "--time_budget none": max_iters decides
+    if not sized:  # the sizes are known: a setting that cannot work fails before the data
+        family.check_fields(model_f)
+    prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
+                              model_f, req.tokenizer, req.data_tgt, req.newline)
     if sized:
         given_model, given_train = split_for(family, req.fields)
         sized = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),

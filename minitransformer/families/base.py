@@ -118,6 +118,14 @@ class Family:
         """The config fields it accepts beside TrainConfig's."""
         return [n for cls in (self.config_class, *self.data_classes) for n in field_names(cls)]
 
+    def check_fields(self, fields: dict) -> None:
+        """Refuse now, before any data is read, settings that no data could make valid (a
+        zero n_layer, an n_embd that n_head does not divide, ...): each config class built
+        from its fields, the data's own values (the vocabulary, ...) left at the defaults."""
+        for cls in (self.config_class, *self.data_classes):
+            names = set(field_names(cls))
+            config_from_dict(cls, {k: v for k, v in fields.items() if k in names})
+
     def preset(self, name: str | None) -> dict:
         try:
             return get_preset(self.presets, name or self.default_preset, self.name)
