@@ -113,8 +113,8 @@ class Seq2SeqTransformer(nn.Module):
     def decoding_modules(self) -> tuple[nn.Module, ...]:
         """What every decoding step runs, whose weights decoding packs: the decoder and the
         output layer. The encoder runs once per batch, on whole sentences, where packing
-        gains nothing; its copies would cost their packing time (about half of it at the
-        base sizes) and memory."""
+        gains nothing; its copies would cost their packing time (a third of it at the base
+        sizes: 122 ms packing everything, 77 ms this) and memory."""
         return self.decoder, self.lm_head
 
     def embed(self, ids: torch.Tensor, offset: int = 0):
