@@ -78,10 +78,6 @@ class GPT(nn.Module):
     def new_cache(self) -> list[tuple[KVCache, KVCache]]:
         return self.decoder.new_cache()
 
-    def decoding_modules(self) -> tuple[nn.Module, ...]:
-        """What every decoding step runs, whose weights decoding packs: all of the model."""
-        return (self,)
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 return_internals: bool = False, cache: list | None = None,
                 pad: torch.Tensor | None = None):

@@ -110,13 +110,6 @@ class Seq2SeqTransformer(nn.Module):
         """(self-attention, cross-attention) caches, one pair per decoder layer."""
         return self.decoder.new_cache()
 
-    def decoding_modules(self) -> tuple[nn.Module, ...]:
-        """What every decoding step runs, whose weights decoding packs: the decoder and the
-        output layer. The encoder runs once per batch, on whole sentences, where packing
-        gains nothing; its copies would cost their packing time (a third of it at the base
-        sizes: 122 ms packing everything, 77 ms this) and memory."""
-        return self.decoder, self.lm_head
-
     def embed(self, ids: torch.Tensor, offset: int = 0):
         """E[ids] * sqrt(d_model) + PE: (B, T) -> (B, T, C); also the token and position parts."""
         tok = self.tok_emb(ids) * self.emb_scale  # (B, T, C)

@@ -164,8 +164,7 @@ class MultiHeadAttention(nn.Module, Packable):
     self-attention. ``n_kv_head`` (default n_head) and ``qk_norm``: see the module docstring.
     ``cross=True`` marks a module built for cross-attention (a decoder's second sublayer):
     it computes the same, but its queries and keys come from different inputs, so decoding
-    does not stack its q, k, v, and it projects the keys and values once per sentence, so
-    they get no packed copies (``pack_weights``).
+    does not stack its q, k, v (``pack_weights``).
     """
 
     packed_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # ``pack_weights``
@@ -258,8 +257,7 @@ class MultiHeadAttention(nn.Module, Packable):
     def pack_weights(self) -> bool:
         """Stack and pack W^Q, W^K, W^V for ``project_self`` (self-attention, plain ``Linear``s
         only: a LoRA wrapper adds its own path to a projection). The three then need no packed
-        copies of their own (``unpacked_parts``). Cross-attention stacks nothing: its queries
-        and out_proj pack alone, its keys and values not at all (``unpacked_parts``)."""
+        copies of their own (``packs_for``); cross-attention packs each projection alone."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
         if self.cross or self.packed_qkv is not None or \
                 not all(type(p) is Linear for p in projs) or \
@@ -273,9 +271,7 @@ class MultiHeadAttention(nn.Module, Packable):
     def unpack_weights(self) -> None:
         drop_attribute(self, "packed_qkv")
 
-    def unpacked_parts(self) -> tuple[nn.Module, ...]:
-        if self.cross:  # keys and values of the source: projected once per sentence
-            return self.k_proj, self.v_proj  # (``fill_cache``), never in a decoding step
+    def packs_for(self) -> tuple[nn.Module, ...]:
         return () if self.packed_qkv is None else (self.q_proj, self.k_proj, self.v_proj)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:

@@ -47,10 +47,9 @@ class Packable:
     def unpack_weights(self) -> None:
         raise NotImplementedError
 
-    def unpacked_parts(self) -> tuple[nn.Module, ...]:
-        """Submodules that take no packed copy of their own in this scope: those whose
-        products this module's packed copy computes (self-attention's stacked q, k, v), or
-        that decoding runs too seldom to repay one."""
+    def packs_for(self) -> tuple[nn.Module, ...]:
+        """Submodules whose products this module's packed copy computes while it holds one,
+        so that they need none of their own (self-attention's stacked q, k, v)."""
         return ()
 
 
@@ -157,24 +156,23 @@ def packing_works() -> bool:
 
 
 @contextlib.contextmanager
-def packed_weights(*models: nn.Module):
-    """Within the scope, every ``Packable`` of ``models`` (each fp32 CPU ``Linear``, and
+def packed_weights(model: nn.Module):
+    """Within the scope, every ``Packable`` of ``model`` (each fp32 CPU ``Linear``, and
     self-attention's stacked q, k, v) computes with packed copies of its weights (see the
     module docstring); gradients, other dtypes and other devices keep the reference path.
     Nested scopes keep the outer copies. The weights must not change inside.
 
-    ``modules()`` lists a module before its submodules, so a module's ``unpacked_parts`` are
-    known before they come up, and they are skipped (in a nested scope too: the outer copy
-    serves).
+    ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known
+    before they come up, and they are skipped (in a nested scope too: the outer copy serves).
     """
     packed, served = [], set()
     try:
-        for m in (m for model in models for m in model.modules()):
+        for m in model.modules():
             if not isinstance(m, Packable) or id(m) in served:
                 continue
             if m.pack_weights():
                 packed.append(m)
-            served.update(id(sub) for sub in m.unpacked_parts())
+            served.update(id(sub) for sub in m.packs_for())
         yield
     finally:
         for m in packed:
