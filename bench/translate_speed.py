@@ -13,8 +13,8 @@ generated tokens per sentence (not per beam). fp32, every core, the paths take t
 (``--rounds``), medians.
 
 Ours decodes inside one ``decoding_weights`` scope for all rounds, as ``translate`` does for
-all the batches of a file (``translate_many``): the decoder's weights are packed once, not
-per batch. That one-time packing is timed and printed apart.
+all the batches of a file (``translate_many``): the weights are packed once, not per batch.
+That one-time packing is timed and printed apart.
 """
 
 from __future__ import annotations
@@ -147,8 +147,8 @@ def main() -> None:
             print(f"| {preset}: {s['n_layer']}+{s['n_layer']} x {s['n_embd']}, V "
                   f"{s['vocab_size']} | {name} | {v['ours']:,.0f} | {v['hf']:,.0f} | "
                   f"{v['ours'] / v['hf']:.2f}x | >= {TARGETS.get(preset, 1.0)}x |", flush=True)
-        notes.append(f"{preset}: packing our decoder's weights took {packing * 1e3:.0f} ms, "
-                     "once for all rounds")
+        notes.append(f"{preset}: packing our weights took {packing * 1e3:.0f} ms, once for "
+                     "all rounds")
     print("\n".join(notes))
 
 
