@@ -166,6 +166,14 @@ def test_missing_checkpoint_folder(tmp_path, capsys):
     check_user_error(capsys, ["sample", tmp_path / "a.txt"], "is a file", "run folder")
 
 
+def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, capsys):
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1]
+    assert main(["sample", str(newest), "--prompt", "he", "--max-new-tokens", "2"]) == 0
+    capsys.readouterr()
+    check_user_error(capsys, ["sample", newest, "--prompt", "he", "--which", "last"],
+                     "no checkpoints/", "drop --which")
+
+
 def test_resume_and_force_together_are_refused(run_dir, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)

@@ -195,8 +195,9 @@ def resolve_model_dir(path, which: str = "best") -> Path:
         found = list_checkpoints(path)
         if found:
             return found[-1]
-        if not (path / MODEL_FILE).exists():
-            raise UserError(f"{path} holds no checkpoints/ folder to pick the last one from")
+        raise UserError(f"{path} holds no checkpoints/ folder to pick the last one from"
+                        + ("; a checkpoint folder is loaded as it is: drop --which"
+                           if (path / MODEL_FILE).exists() else ""))
     elif which != "best":
         raise UserError(f"--which must be best or last, got {which!r}")
     if not (path / CONFIG_FILE).exists() and list_checkpoints(path):
