@@ -195,7 +195,7 @@ def test_bad_inputs_are_one_line_and_exit_2(gpt2, corpus, tmp_path, capsys):
                         ("--pos_encoding", "rope"), ("--block_size", "128"),
                         ("--tokenizer", "char")):
         err = bad(capsys, "--init_from", str(folder), *run, flag, value)
-        assert err.startswith(f"minitransformer: error: {flag}"), err
+        assert err.startswith(f"minitransformer train: error: {flag}"), err
     assert "encoder" in bad(capsys, "--init_from", str(folder), "--model", "encoder", *run)
     assert "--init_from" in bad(capsys, "--preset", "finetune", *run)  # nothing to fine-tune
     assert not (tmp_path / "o").exists()

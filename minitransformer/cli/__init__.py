@@ -49,14 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse has printed usage + error (code 2) or help (code 0)
         return e.code if isinstance(e.code, int) else 2
+    prog = f"minitransformer {args.command}"  # as argparse names its own errors
     try:
         return args.func(args) or 0
     except UserError as e:
-        print(f"minitransformer: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except MemoryError:
-        print("minitransformer: error: out of memory: the model or batch is too large for "
-              "this machine; try smaller sizes", file=sys.stderr)
+        print(f"{prog}: error: out of memory: the model or batch is too large for this "
+              f"machine; try smaller sizes", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("minitransformer: interrupted", file=sys.stderr)
