@@ -269,6 +269,11 @@ class Seq2SeqConfig:
         return self.n_decoder_layer or self.n_layer
 
 
+# Seeds are 0 .. 2**63 - 1 everywhere (flags, config files, the server): torch's generators
+# take up to 2**64 - 1, and seed + i for the i-th sample must fit too.
+SEED_LIMIT = 2 ** 63
+
+
 @dataclass
 class TrainConfig:
     """The training loop's settings; names as in nanoGPT's train.py."""
@@ -339,6 +344,8 @@ class TrainConfig:
         for name in ("min_lr", "warmup_iters", "weight_decay", "grad_clip", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"seed must be from 0 to 2**63 - 1, got {self.seed}")
         for name in ("beta1", "beta2", "muon_momentum"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:

@@ -68,6 +68,14 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write(path, write)
 
 
+RUN_FORMAT = {"format": "minitransformer", "version": 1}  # the head of a run's config.json
+
+
+def is_run_config(meta) -> bool:
+    """Whether a config.json's content is a minitransformer run's (not a Hugging Face one)."""
+    return isinstance(meta, dict) and meta.get("format") == RUN_FORMAT["format"]
+
+
 def read_json_object(path: Path) -> dict:
     """A JSON file holding an object; unreadable or another shape is a UserError."""
     try:

@@ -210,3 +210,20 @@ def test_an_impossible_model_setting_fails_before_the_data_is_read(tmp_path, cap
         check_user_error(capsys, ["train", "--data", tmp_path / "missing.txt", "--out",
                                   tmp_path / "o", "--preset", "debug", *flags], *words)
     assert not (tmp_path / "o").exists()
+
+
+def test_seeds_run_from_0_to_2_63_minus_1_everywhere(tmp_path, capsys):
+    import argparse
+
+    from minitransformer.cli.flags import seed
+    from minitransformer.config import SEED_LIMIT, TrainConfig
+    from minitransformer.errors import ConfigError
+
+    assert TrainConfig(seed=SEED_LIMIT - 1).seed == seed(str(SEED_LIMIT - 1)) == 2 ** 63 - 1
+    for bad in (SEED_LIMIT, -1):
+        with pytest.raises(ConfigError, match="seed"):
+            TrainConfig(seed=bad)
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed(str(bad))
+    check_user_error(capsys, ["train", "--data", tmp_path / "missing.txt", "--out",
+                              tmp_path / "o", "--preset", "debug", "--seed", 2 ** 64], "seed")

@@ -205,3 +205,7 @@ def test_min_len_without_max_len_raises_the_default_within_the_positions():
         with pytest.raises(UserError, match=f"--{flag} must be at most 31"):
             decoding_options({flag: 32}, learned)
     assert all(len(t) == 31 for t in greedy_decode(learned, src, min_len=31).tokens)
+    assert all(len(t) == 31 for t in beam_search(learned, src, 2, max_len=31, min_len=31).tokens)
+    for decode in (greedy_decode, lambda *a, **k: beam_search(*a, beam_size=2, **k)):
+        with pytest.raises(ValueError, match="past the learned position table"):
+            decode(learned, src, max_len=32)

@@ -14,10 +14,10 @@ from minitransformer.cli.flags import (
     nonneg_int,
     on_off,
     parse_bool,
+    port_number,
     positive_int,
     seed,
 )
-from minitransformer.cli.serve import port_number
 
 # what each command needs before an optional flag can be tried on it
 REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],

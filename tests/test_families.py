@@ -3,8 +3,11 @@ clear line where a command does not apply. One tiny run per family, trained once
 
 from __future__ import annotations
 
+import io
 import json
+import locale
 import re
+import sys
 
 import pytest
 
@@ -144,7 +147,8 @@ def test_evaluate_reads_the_columns_asked_of_another_tsv(runs, tmp_path, capsys)
     assert "BLEU" in capsys.readouterr().out
 
 
-def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys):
+def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys,
+                                                        monkeypatch):
     out, _ = runs
     (tmp_path / "in.txt").write_bytes("caf\xe9 na\xefve".encode("latin-1"))
     assert main(["translate", str(out["seq2seq"]), "--input", str(tmp_path / "in.txt"),
@@ -152,6 +156,17 @@ def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys)
     latin = capsys.readouterr().out
     assert main(["translate", str(out["seq2seq"]), "café naïve", "--beam", "1"]) == 0
     assert capsys.readouterr().out == latin
+    for encoding in ("latin-1", None):  # standard input: the locale's encoding by default
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+            "caf\xe9 na\xefve\n".encode("latin-1")), encoding="utf-8"))
+        monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "utf-8")
+        code = main(["translate", str(out["seq2seq"]), "--input", "-", "--beam", "1",
+                     *(["--encoding", encoding] if encoding else [])])
+        if encoding:
+            assert code == 0 and capsys.readouterr().out == latin
+        else:
+            assert code == 2
+            _user_error(capsys, "standard input is not valid utf-8")
 
 
 @pytest.mark.parametrize("flag, value, owner", [

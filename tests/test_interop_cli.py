@@ -177,7 +177,8 @@ def test_export_to_a_file_asks_for_a_folder(run_dir, tmp_path, capsys):
     assert path.read_text(encoding="utf-8") == "keep"
 
 
-def test_a_run_folder_given_as_hf_says_to_drop_hf(run_dir, capsys):
+def test_a_run_folder_given_as_hf_is_named_a_run(run_dir, capsys):
     for command in (["sample", "--hf", str(run_dir)], ["embed", "a", "--hf", str(run_dir)]):
         assert main(command) == 2
-        assert "without --hf" in _one_line_error(capsys)
+        assert "holds a minitransformer run, not a Hugging Face model" in \
+            _one_line_error(capsys)

@@ -188,5 +188,22 @@ def test_prepare_never_writes_into_a_training_run(tmp_path, tiny_corpus, capsys,
     for force in ([], ["--force"]):
         assert main(["prepare", "--data", str(tiny_corpus), "--out", str(run), *force]) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "holds a training run" in err, err
+        assert len(err.splitlines()) == 1 and "holds a model or a training run" in err, err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_prepared_data_is_never_written_over_by_train_or_export(tmp_path, tiny_corpus,
+                                                                capsys):
+    data = tmp_path / "data"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data)]) == 0
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    commands = [["train", "--data", "shakespeare", "--out", str(data), "--preset", "debug"],
+                ["train", "--data", "shakespeare", "--out", str(data), "--force"],
+                ["export", str(tmp_path / "any-run"), "--hf", str(data)],
+                ["export", str(tmp_path / "any-run"), "--hf", str(data), "--force"]]
+    for command in commands:  # refused before any run is read or trained
+        capsys.readouterr()
+        assert main(command) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "prepared data" in err, err
+    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before

@@ -21,7 +21,7 @@ import typing
 from functools import cache
 from typing import Literal, get_args
 
-from ..config import parse_duration
+from ..config import SEED_LIMIT, parse_duration
 from ..errors import ConfigError
 from ..models.decoding import MAX_LENGTH_PENALTY
 
@@ -60,9 +60,6 @@ def nonneg_int(text: str) -> int:
     return value
 
 
-SEED_LIMIT = 2 ** 63  # the server's limit too; torch's generators take up to 2**64 - 1
-
-
 def seed(text: str) -> int:
     """A random seed: a whole number from 0 to 2**63 - 1."""
     value = nonneg_int(text)
@@ -71,7 +68,19 @@ def seed(text: str) -> int:
     return value
 
 
+MAX_PORT = 65535  # TCP ports are 16-bit
+
+
+def port_number(text: str) -> int:
+    """A TCP port: a whole number from 0 to 65535 (bind() would fail with an OverflowError)."""
+    value = nonneg_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0 to {MAX_PORT}, got {value}")
+    return value
+
+
 def length_penalty(text: str) -> float:
+    """GNMT's length penalty alpha: a number from 0 to ``MAX_LENGTH_PENALTY``."""
     try:
         value = float(text)
     except ValueError:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import locale
 import math
 import sys
 from pathlib import Path
@@ -89,8 +90,8 @@ def add_translate(sub) -> None:
     t.add_argument("--batch-size", "--batch_size", type=positive_int, default=None,
                    help="sentences decoded together (default 32)")
     t.add_argument("--encoding", default=None,
-                   help="text encoding of --input (default utf-8; standard input: the "
-                        "terminal's)")
+                   help="text encoding of --input (default utf-8 for a file, the locale's "
+                        "for standard input)")
     add_which(t)
     add_device(t)
     t.set_defaults(func=cmd_translate)
@@ -195,27 +196,27 @@ def _read_lines(args) -> list[str]:
         return list(args.text)
     if args.text:
         raise UserError("give the text or --input FILE, not both")
-    if args.input == "-" and args.encoding is None:
-        return sys.stdin.read().splitlines()
-    encoding = args.encoding or "utf-8"
+    stdin = args.input == "-"
+    shown = "standard input" if stdin else args.input
+    encoding = args.encoding or (locale.getpreferredencoding(False) if stdin else "utf-8")
     try:
-        raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+        raw = sys.stdin.buffer.read() if stdin else Path(args.input).read_bytes()
         return raw.decode(encoding).splitlines()
     except OSError as e:
-        raise UserError(f"cannot read {args.input}: {e.strerror}") from None
+        raise UserError(f"cannot read {shown}: {e.strerror}") from None
     except LookupError:
         raise UserError(f"unknown encoding {encoding!r}") from None
     except UnicodeDecodeError:
-        raise UserError(f"{args.input} is not valid {encoding}; pass --encoding") from None
+        raise UserError(f"{shown} is not valid {encoding}; pass --encoding") from None
 
 
 def cmd_translate(args) -> int:
     options = {"beam": args.beam, "length_penalty": args.length_penalty,
                "max_len": args.max_len, "min_len": args.min_len, "batch_size": args.batch_size}
+    lines = _read_lines(args)  # a bad input fails before the model loads
     device = pick_device(args.device)
     run = load_run(args.dir, args.which, device)
     run.family.require("translate")
-    lines = _read_lines(args)
     for line in run.family.translate(run.model, run.tokenizer, lines, options, device):
         print(line)
     return 0

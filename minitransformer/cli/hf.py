@@ -10,9 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
+from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import load_run
-from ..families.base import FORMAT
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
 from ..interop.tokenizer import load_hf_tokenizer
@@ -87,31 +87,19 @@ def add_export(sub) -> None:
     x.set_defaults(func=cmd_export)
 
 
-def _has_our_config(folder: Path) -> bool:
-    """Whether ``folder``'s config.json is a minitransformer one (not a Hugging Face one)."""
-    try:
-        meta = json.loads((folder / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none, or not JSON: not a run's (--force decides)
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT["format"]
-
-
 def refuse_run_folder(path) -> None:
-    """Refuse an export into a run folder (our config.json or a checkpoints/ folder), a
-    checkpoint folder, or anywhere in a run's checkpoints/: the Hugging Face config.json,
-    model.safetensors and tokenizer.json would replace the run's own, whatever --force says."""
-    folder = Path(path).resolve()
-    run = next((p.parent for p in (folder, *folder.parents)  # the run whose checkpoints/ ...
-                if p.name == ckpt.CHECKPOINTS and (_has_our_config(p.parent)
-                                                   or ckpt.list_checkpoints(p.parent))), None)
-    if run is None and (_has_our_config(folder) or (folder / ckpt.CHECKPOINTS).is_dir()
-                        or (folder / ckpt.STATE_JSON).exists()):
-        run = folder  # ... or the folder itself
+    """Refuse an export into a run or checkpoint folder, anywhere in a run's checkpoints/, or
+    into prepared data: the Hugging Face config.json, model.safetensors and tokenizer.json
+    would replace the run's own (or the data's tokenizer), whatever --force says."""
+    run = ckpt.run_containing(path)
     if run is not None:
         raise UserError(f"--hf {path} is a minitransformer run or checkpoint folder (or lies "
                         f"in one): export would replace its config.json, model.safetensors "
                         f"and tokenizer.json; choose another folder, e.g. --hf "
                         f"{run.parent / (run.name + '-hf')}")
+    if (Path(path) / MANIFEST).exists():
+        raise UserError(f"--hf {path} holds prepared data ({MANIFEST}), whose tokenizer.json "
+                        f"export would replace; choose another folder")
 
 
 def cmd_export(args) -> int:

@@ -13,7 +13,7 @@ from ..data.cache import clear_cache
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import FAMILIES, get_family
-from ..training.checkpoint import holds_run
+from ..training.checkpoint import holds_run, run_containing
 from .flags import add_tokenizer_flag, positive_int
 
 
@@ -68,10 +68,10 @@ def cmd_prepare(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
-    if holds_run(out):
-        raise UserError(f"--out {out} holds a training run (its config.json or checkpoints/), "
-                        f"whose tokenizer.json prepare would replace; give prepare a folder "
-                        f"of its own (--force does not change this)")
+    if holds_run(out) or run_containing(out) is not None:
+        raise UserError(f"--out {out} holds a model or a training run (a config.json or "
+                        f"checkpoints/), whose tokenizer.json prepare would replace; give "
+                        f"prepare a folder of its own (--force does not change this)")
     if (out / MANIFEST).exists() and not args.force:
         raise UserError(f"{out} already holds prepared data; pass --force to replace it")
     family = get_family(args.model)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from ..errors import UserError
 from ..families import load_run
 from ..training.device import decoding_threads, pick_device
 from ..viz.i18n import LANGS
-from .flags import add_device, add_which, nonneg_int, positive_int
+from .flags import add_device, add_which, port_number, positive_int
 
 EPILOG = """\
 The API speaks OpenAI's completions protocol: point the openai client (or curl, LangChain,
@@ -22,17 +21,6 @@ an evaluation harness) at http://HOST:PORT/v1, with the run folder's name as the
 (GET /v1/models lists it).
 A host outside the loopback range needs --api_key (clients send 'Authorization: Bearer KEY')
 or, knowingly, --insecure_no_key."""
-
-
-MAX_PORT = 65535  # TCP ports are 16-bit
-
-
-def port_number(text: str) -> int:
-    """--port: a whole number from 0 to 65535 (bind() would fail with an OverflowError)."""
-    value = nonneg_int(text)
-    if value > MAX_PORT:
-        raise argparse.ArgumentTypeError(f"a port is 0 to {MAX_PORT}, got {value}")
-    return value
 
 
 def add_parser(sub) -> None:

@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from ..config import SEED_LIMIT
 from ..nn.init import RESIDUAL_PROJECTIONS
 from ..nn.norm import NORMS
 from ..nn.positional import LearnedPositionalEmbedding
@@ -30,7 +31,7 @@ from ..nn.positional import LearnedPositionalEmbedding
 def name_seed(seed: int, name: str) -> int:
     """A 63-bit seed from (seed, name), stable across runs and machines (not Python's hash)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    return int.from_bytes(digest[:8], "little") & (SEED_LIMIT - 1)
 
 
 def _owner(model: nn.Module, name: str) -> tuple[str, nn.Module]:

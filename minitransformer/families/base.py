@@ -36,11 +36,9 @@ from torch import nn
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..errors import ConfigError, UserError
-from ..io import load_tensors
+from ..io import RUN_FORMAT, load_tensors
 from ..presets import get_preset
 from ..tokenizers import TOKENIZERS
-
-FORMAT = {"format": "minitransformer", "version": 1}  # the head of every config.json
 
 
 class NotApplicable(UserError):
@@ -82,7 +80,7 @@ class Built:
 
 def run_meta(family: str, config, data_meta: dict) -> dict:
     """The config.json of a run before training adds its own fields."""
-    return {**FORMAT, "family": family, "model": dataclasses.asdict(config), "data": data_meta}
+    return {**RUN_FORMAT, "family": family, "model": dataclasses.asdict(config), "data": data_meta}
 
 
 def train_config(meta: dict, overrides: dict | None = None) -> TrainConfig:

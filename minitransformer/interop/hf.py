@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from ..errors import UserError
-from ..io import atomic_write, atomic_write_json, atomic_write_text
+from ..io import atomic_write, atomic_write_json, atomic_write_text, is_run_config
 from ..models import GPT, EncoderModel
 from . import bert, gpt2, llama
 from .tokenizer import exported_tokenizer
@@ -37,9 +37,6 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "t
 
 
 def model_type(hf_config: dict) -> str:
-    if hf_config.get("format") == "minitransformer":  # the head of a run's own config.json
-        raise UserError("this folder holds a minitransformer run, not a Hugging Face model: "
-                        "give it without --hf")
     kind = hf_config.get("model_type")
     if kind is None:  # very old files name only the class
         arch = " ".join(hf_config.get("architectures") or [])
@@ -58,6 +55,8 @@ def load_hf(path, device="cpu"):
     """
     folder = hf_folder(path)
     hf_config = read_hf_config(folder)
+    if is_run_config(hf_config):
+        raise UserError(f"{path} holds a minitransformer run, not a Hugging Face model")
     kind = model_type(hf_config)
     weights = read_hf_weights(folder)
     if kind in ("gpt2", "llama", "qwen3"):  # llama.py reads both Llama and Qwen3

@@ -49,6 +49,18 @@ def default_max_len(model, src: torch.Tensor, min_len: int = 0) -> int:
     return max_len if limit is None else min(max_len, limit)
 
 
+def output_limit(model, src: torch.Tensor, max_len: int | None, min_len: int = 0) -> int:
+    """``max_len``, or the default when None; one past the learned position table is a
+    ValueError (the command line checks it first, as a user error)."""
+    if max_len is None:
+        return default_max_len(model, src, min_len)
+    limit = longest_output(model)
+    if limit is not None and max_len > limit:
+        raise ValueError(f"max_len {max_len} is past the learned position table: at most "
+                         f"{limit} tokens")
+    return max_len
+
+
 def longest_output(model) -> int | None:
     """The most tokens a translation can have: the decoder's input <s> y_1 .. y_n must fit
     the learned position table; None when the positions have no end."""
@@ -107,7 +119,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     c = model.config
     with inference_scope(model, use_cache):
         b = src.shape[0]
-        max_len = default_max_len(model, src, min_len) if max_len is None else max_len
+        max_len = output_limit(model, src, max_len, min_len)
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -150,7 +162,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         raise ValueError(f"beam size must be at least 1, got {k}")
     with inference_scope(model, use_cache):
         b, dev = src.shape[0], src.device
-        max_len = default_max_len(model, src, min_len) if max_len is None else max_len
+        max_len = output_limit(model, src, max_len, min_len)
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam

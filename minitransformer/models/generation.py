@@ -133,8 +133,8 @@ def decoding_weights(model, use_cache: bool = True):
     """The scope cached decoding runs in: ``model``'s weights packed for one-row products
     (``nn.linear.packed_weights``); the uncached reference path keeps the plain weights.
     An encoder-decoder's encoder is packed too: it runs once per batch, on whole sentences,
-    but faster from the packed copies (301 against 400 ms for 32 sentences at the base
-    sizes), which repays their packing (45 ms) within one batch."""
+    but faster from the packed copies, which repays their packing within one batch
+    (docs/BENCHMARKS.md, "Translation speed")."""
     return packed_weights(model) if use_cache else contextlib.nullcontext()
 
 

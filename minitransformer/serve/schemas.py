@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import SEED_LIMIT
+
 MAX_N = 16  # choices per prompt
 MAX_PROMPTS = 16  # prompts per request
 MAX_STOPS = 4  # as OpenAI
@@ -36,7 +38,7 @@ class CompletionRequest(Strict):
                    "seed + i")
     stop: str | list[str] | None = Field(None, description="up to 4 strings that end a choice "
                                          "(not included in its text)")
-    seed: int | None = Field(None, ge=0, lt=2**63, description="same seed, same text")
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="same seed, same text")
     stream: bool = Field(False, description="server-sent events in OpenAI's chunk format")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                  description="top log-probabilities per token (temperature 1)")

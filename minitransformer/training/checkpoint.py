@@ -30,6 +30,7 @@ from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
     atomic_write,
     atomic_write_json,
     fsync_dir,
+    is_run_config,
     load_weights,
     read_json_object,
 )
@@ -143,8 +144,30 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
 
 
 def holds_run(folder) -> bool:
-    """Whether ``folder`` holds a training run: a config.json or a checkpoints/ folder."""
+    """Whether ``folder`` holds a training run, or a model ``train --out`` would write over:
+    a config.json (a run's or another one) or a checkpoints/ folder."""
     return (Path(folder) / CONFIG_FILE).exists() or (Path(folder) / CHECKPOINTS).exists()
+
+
+def _is_run_or_checkpoint(folder: Path) -> bool:
+    try:
+        ours = is_run_config(json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # no config.json, or not JSON
+        ours = False
+    return ours or bool(list_checkpoints(folder)) or (folder / STATE_JSON).exists()
+
+
+def run_containing(path) -> Path | None:
+    """The minitransformer run (or checkpoint) folder that ``path`` is, or lies in the
+    checkpoints/ of; None for any other path. A run: its config.json is one of ours or it
+    has complete checkpoints; a checkpoint folder has its trainer_state.json."""
+    folder = Path(path).resolve()
+    if _is_run_or_checkpoint(folder):
+        return folder
+    for inner in (folder, *folder.parents):  # RUN/checkpoints(/...): the run it is in
+        if inner.name == CHECKPOINTS and _is_run_or_checkpoint(inner.parent):
+            return inner.parent
+    return None
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:

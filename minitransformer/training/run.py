@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
+from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..io import read_safetensors
 from . import checkpoint as ckpt
@@ -77,6 +78,10 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; give a folder for the run")
+    if (out_dir / MANIFEST).exists():
+        raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
+                        f"folder of its own (train reads prepared data with --data "
+                        f"{out_dir})")
     has_run = ckpt.holds_run(out_dir)
     if resume and force:
         raise UserError("--resume continues the run in --out and --force replaces it: "
