@@ -182,3 +182,19 @@ def test_a_run_folder_given_as_hf_is_named_a_run(run_dir, capsys):
         assert main(command) == 2
         assert "holds a minitransformer run, not a Hugging Face model" in \
             _one_line_error(capsys)
+
+
+def test_an_exported_char_run_reads_back_as_a_char_tokenizer(run_dir, tmp_path, capsys):
+    # Its documents are separated by a blank line and unseen characters are refused, as for
+    # the run itself (read as a subword tokenizer, they became its stand-in silently).
+    from minitransformer.families.pretrained import read_source
+
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--hf", str(out)]) == 0
+    source = read_source(out)
+    assert source.tokenizer.kind == "char" and source.tokenizer.chars == list(" abc")
+    capsys.readouterr()
+    assert main(["sample", "--hf", str(out), "--prompt", "ab日"]) == 2
+    assert "never saw" in _one_line_error(capsys)
+    assert main(["sample", "--hf", str(out), "--prompt", "ab", "--max-new-tokens", "3",
+                 "--seed", "1"]) == 0

@@ -94,8 +94,10 @@ def test_an_encoder_trains_on_shards(tmp_path):
 
 
 @pytest.mark.parametrize("content, words", [
-    ('{"text": "fine"}\nnot json\n', ["bad.jsonl:2", "not a JSON object"]),
-    ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "--text_field"]),
+    ('{"text": "fine"}\nnot json\n', ["bad.jsonl:2", "not valid JSON"]),
+    ('{"text": "fine"}\n["a list"]\n', ["bad.jsonl:2", "not a JSON object"]),
+    ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "prepare --text_field"]),
+    ('{"text": null}\n', ["bad.jsonl:1", "'text' holds NoneType, not text"]),
 ])
 def test_bad_jsonl_names_the_line(tmp_path, capsys, content, words):
     path = tmp_path / "bad.jsonl"
@@ -104,6 +106,12 @@ def test_bad_jsonl_names_the_line(tmp_path, capsys, content, words):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and all(w in err for w in words), err
     assert not (tmp_path / "dd" / MANIFEST).exists()
+
+
+def test_a_jsonl_file_may_start_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_text("\ufeff" + '{"text": "fine"}\n' * 40, encoding="utf-8")
+    assert main(["prepare", "--data", str(path), "--out", str(tmp_path / "dd")]) == 0
 
 
 def test_bad_folders_and_manifests_are_user_errors(tmp_path, capsys):

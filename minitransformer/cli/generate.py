@@ -18,8 +18,10 @@ import torch
 from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
+from ..interop.tokenizer import exported_chars
 from ..models import GPT
 from ..models.generation import ROLLABLE, decoding_weights
+from ..tokenizers import CharTokenizer
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
 from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int, seed
@@ -174,6 +176,9 @@ def _sample_hf(args, device) -> int:
         raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 or "
                         f"Llama folder")
     tokenizer = load_hf_tokenizer(args.hf)
+    chars = exported_chars(tokenizer.tokenizer)  # a char run's export refuses unseen chars
+    if chars:
+        tokenizer = CharTokenizer(chars)
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise UserError("the prompt encodes to no tokens")

@@ -51,8 +51,9 @@ sample never does (a run's corpus without that text never teaches the model to w
 char run has no special tokens, and characters it never saw encode as '?' (else '\uff1f',
 '\ufffd' or a space, else the first character of its vocabulary; no new id, as the model has
 none to spare): AutoTokenizer never raises, but such text does not decode back as it was,
-while sample refuses it. generate stops at the context window (block_size tokens, prompt
-included); sample slides past it."""
+while sample refuses it (sample --hf and train --init_from read the folder's characters as
+the run did). generate stops at the context window (block_size tokens, prompt included);
+sample slides past it."""
 
 
 EXPORT_DESCRIPTION = """\

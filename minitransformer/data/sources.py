@@ -92,15 +92,22 @@ def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Docum
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     with f:
         for lineno, line in enumerate(f, 1):
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")  # a byte order mark, as for .txt files
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
-                raise UserError(f"{path}:{lineno}: not a JSON object") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise UserError(f"{path}:{lineno}: no text field {field!r} (choose it with "
-                                f"--text_field)")
+            except ValueError as e:
+                raise UserError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{path}:{lineno}: not a JSON object")
+            if field not in record:
+                raise UserError(f"{path}:{lineno}: no text field {field!r} (prepare "
+                                f"--text_field NAME reads another field)")
+            if not isinstance(record[field], str):
+                raise UserError(f"{path}:{lineno}: field {field!r} holds "
+                                f"{type(record[field]).__name__}, not text")
             yield Document(record[field], f"{path}:{lineno}")
 
 

@@ -103,6 +103,20 @@ def char_tokenizer_as_hf(chars: list[str]) -> Tokenizer:
     return tok
 
 
+def exported_chars(tok: Tokenizer) -> list[str] | None:
+    """The alphabet of a character tokenizer as ``char_tokenizer_as_hf`` writes it (a
+    WordLevel vocabulary of single characters with ids 0 .. n-1), in id order; None for any
+    other tokenizer. Read back as our ``CharTokenizer``, a model exported from a char run
+    refuses characters it never saw and separates documents by a blank line, as the run did."""
+    model = json.loads(tok.to_str()).get("model") or {}
+    vocab = model.get("vocab") or {}
+    if model.get("type") != "WordLevel" or not vocab or \
+            not all(len(c) == 1 for c in vocab) or \
+            sorted(vocab.values()) != list(range(len(vocab))):
+        return None
+    return sorted(vocab, key=vocab.get)
+
+
 @dataclass(frozen=True)
 class ExportedTokenizer:
     """A tokenizer as ``transformers`` will load it: the ``tokenizers.Tokenizer`` and its
