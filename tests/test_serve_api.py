@@ -180,6 +180,12 @@ BAD = {  # name -> (raw body, status, param)
                                 "max_tokens"),
     "unseen characters": ('{"model": "tiny", "prompt": "a\u2603"}'.encode(), 400, "prompt"),
     "unknown model": (b'{"model": "gpt-4", "prompt": "a"}', 404, "model"),
+    "logit_bias": (b'{"model": "tiny", "prompt": "a", "logit_bias": {"3": 100}}', 400,
+                   "logit_bias"),
+    "best_of": (b'{"model": "tiny", "prompt": "a", "best_of": 3}', 400, "best_of"),
+    "suffix": (b'{"model": "tiny", "prompt": "a", "suffix": "b"}', 400, "suffix"),
+    "presence_penalty": (b'{"model": "tiny", "prompt": "a", "presence_penalty": 0.5}', 400,
+                         "presence_penalty"),
     "oversized body": (json.dumps({"model": "tiny", "prompt": "a" * 40000}).encode(), 413,
                        None),
 }
@@ -335,3 +341,11 @@ def test_concurrent_unseeded_requests_are_decoded_as_one_batch(run):
     for i, (p, n) in enumerate(asks):
         assert results[i].choices[0].text == reference(run, p, n, 0, temperature=0.0)
         assert results[i].usage.completion_tokens == n
+
+
+def test_the_neutral_values_of_unsupported_options_are_accepted(url):
+    body = {"model": "tiny", "prompt": "a", "max_tokens": 2, "seed": 1, "best_of": 1,
+            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "echo": False}
+    got, answer = post(url, json.dumps(body).encode())
+    assert got == 200, answer
+    assert len(answer["choices"]) == 1

@@ -65,8 +65,12 @@ def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> li
 def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
                     max_prompt_tokens: int) -> Plan:
     """Check a request beyond its types; every problem is a 400 naming its field."""
-    if req.echo:
-        raise APIError(400, "echo is not supported", "echo", "unsupported")
+    asked = {"echo": req.echo, "suffix": req.suffix is not None,
+             "best_of": req.best_of not in (None, req.n), "logit_bias": bool(req.logit_bias),
+             "presence_penalty": req.presence_penalty != 0,
+             "frequency_penalty": req.frequency_penalty != 0}
+    for name in (name for name, used in asked.items() if used):
+        raise APIError(400, f"{name} is not supported", name, "unsupported")
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or len(prompts) > MAX_PROMPTS:
         raise APIError(400, f"give 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")

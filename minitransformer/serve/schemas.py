@@ -43,6 +43,14 @@ class CompletionRequest(Strict):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                  description="top log-probabilities per token (temperature 1)")
     echo: bool = Field(False, description="not supported: must be false")
+    # OpenAI's options that would change the text and that this server does not implement:
+    # each is a 400 "unsupported" when asked for, never silently ignored (``plan_completion``)
+    suffix: str | None = Field(None, description="not supported: must be absent")
+    best_of: int | None = Field(None, description="not supported: must be absent or equal n")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be "
+                                                "absent or empty")
+    presence_penalty: float = Field(0.0, description="not supported: must be 0")
+    frequency_penalty: float = Field(0.0, description="not supported: must be 0")
 
 
 class InspectRequest(Strict):
