@@ -227,3 +227,12 @@ def test_seeds_run_from_0_to_2_63_minus_1_everywhere(tmp_path, capsys):
             seed(str(bad))
     check_user_error(capsys, ["train", "--data", tmp_path / "missing.txt", "--out",
                               tmp_path / "o", "--preset", "debug", "--seed", 2 ** 64], "seed")
+
+
+def test_utf16_text_is_named_and_an_unknown_encoding_comes_first(tmp_path, capsys):
+    path = tmp_path / "wide.txt"
+    path.write_text("hello world, the quick brown fox. " * 60, encoding="utf-16")
+    train = ["train", "--data", path, "--out", tmp_path / "o", *TINY]
+    check_user_error(capsys, train, "binary", "--encoding utf-16")
+    check_user_error(capsys, [*train, "--encoding", "no-such"], "unknown encoding")
+    assert main([str(a) for a in [*train, "--encoding", "utf-16"]]) == 0

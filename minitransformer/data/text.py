@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from importlib import resources
 from pathlib import Path
 
@@ -38,8 +39,15 @@ def load_text(source: str, encoding: str = "utf-8") -> str:
         raise UserError(f"cannot read {source}: {e.strerror}") from None
     if not raw.strip():
         raise UserError(f"{source} is empty (or only whitespace): nothing to train on")
-    if b"\x00" in raw[:65536] and not encoding.lower().startswith("utf-16"):
-        raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text")
+    try:
+        wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
+    if b"\x00" in raw[:65536] and not wide:
+        hint = " (UTF-16 text? pass --encoding utf-16)" \
+            if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not "
+                        f"text{hint}")
     try:
         text = raw.decode(encoding)
     except LookupError:
