@@ -229,6 +229,13 @@ def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     assert message in err and "Traceback" not in err
 
 
+def test_vary_takes_the_flag_aliases(tmp_path, capsys):
+    # --lr names learning_rate in --vary too: set beside it, the clash names the setting
+    assert cli.main(["compare", "--out", str(tmp_path / "c"), "--vary", "lr=0.01,0.001",
+                     "--learning_rate", "0.1", "--max-iters", "1"]) == 2
+    assert "learning_rate is both varied and set" in capsys.readouterr().err
+
+
 def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
     """The seq2seq family: same command, its own task and model; no length extrapolation."""
     words = ["the", "cat", "dog", "sees", "a", "house", "red", "big", "runs", "home"]

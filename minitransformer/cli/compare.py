@@ -19,7 +19,13 @@ from ..experiments.compare import parse_vary, run_compare, write_results
 from ..experiments.report import markdown_table
 from ..experiments.runs import split_for
 from ..families import FAMILIES, get_family
-from .flags import add_config_flags, add_tokenizer_flag, config_values, parse_bool
+from .flags import (
+    ALIASES,
+    add_config_flags,
+    add_tokenizer_flag,
+    config_values,
+    parse_bool,
+)
 from .train import CONFIG_GROUPS, add_early_stop
 
 
@@ -113,6 +119,13 @@ def _base_settings(family, args, given: dict):
     return base, prepared
 
 
+def _canonical(spec: str) -> str:
+    """--vary lr=... as --vary learning_rate=...: the flag aliases name settings here too."""
+    name, sep, values = spec.partition("=")
+    flag = "--" + name.strip().lstrip("-").replace("-", "_")
+    return ALIASES[flag][2:] + sep + values if flag in ALIASES else spec
+
+
 def cmd_compare(args) -> int:
     family = get_family(args.model)
     classes = [cls for cls, _ in CONFIG_GROUPS]
@@ -120,7 +133,8 @@ def cmd_compare(args) -> int:
     split_for(family, given)  # another family's setting is an error
     hints = {k: v for cls in classes for k, v in typing.get_type_hints(cls).items()}
     own = set(family.field_names()) | set(TrainConfig.__dataclass_fields__)
-    variants = parse_vary(args.vary, _converter({k: hints[k] for k in own}))
+    variants = parse_vary([_canonical(spec) for spec in args.vary],
+                          _converter({k: hints[k] for k in own}))
     clash = set(variants[0].fields) & set(given)
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
