@@ -219,6 +219,7 @@ def test_loss_at_length_equals_direct_cross_entropy():
     (["pos_encoding=rope,spiral"], "not one of"),
     (["n_layer=2,two"], "cannot read 'two'"),
     (["pos_encoding"], "FIELD=a,b"),
+    (["n_embd=63,64"], "divisible"),  # found before the corpus is read
 ])
 def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]
@@ -227,6 +228,7 @@ def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "c").exists()
 
 
 def test_vary_takes_the_flag_aliases(tmp_path, capsys):

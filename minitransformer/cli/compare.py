@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Literal, get_args
 
-from ..config import TrainConfig, closest, parse_duration
+from ..config import TrainConfig, closest, config_from_dict, parse_duration
 from ..errors import UserError
 from ..experiments.autosize import autosize_for_train
 from ..experiments.compare import parse_vary, run_compare, write_results
@@ -102,8 +102,9 @@ def parse_lengths(text: str | None) -> list[int]:
     return lengths
 
 
-def _base_settings(family, args, given: dict):
-    """(settings shared by every variant, the corpus read once)."""
+def _base_settings(family, args, given: dict, variants):
+    """(settings shared by every variant, the corpus read once). With the sizes known (no
+    autosize), every variant's settings are checked first, before the corpus is read."""
     source = args.data or family.default_data
     if family.can_autosize and args.preset is None and "time_budget" in given:
         prepared = family.prepare(source, args.encoding, given, args.tokenizer)
@@ -114,6 +115,10 @@ def _base_settings(family, args, given: dict):
     base = family.preset(args.preset)
     if "max_iters" in given and "time_budget" not in given:
         base.pop("time_budget", None)  # --max_iters N: a run of N steps, not of a time
+    for variant in variants:
+        model_fields, train_fields = split_for(family, {**base, **given, **variant.fields})
+        family.check_fields(model_fields)
+        config_from_dict(TrainConfig, train_fields)
     prepared = family.prepare(source, args.encoding, split_for(family, {**base, **given})[0],
                               args.tokenizer)
     return base, prepared
@@ -139,7 +144,7 @@ def cmd_compare(args) -> int:
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
     lengths = parse_lengths(args.eval_lengths)
-    base, prepared = _base_settings(family, args, given)
+    base, prepared = _base_settings(family, args, given, variants)
     base.update(given)
     print(f"corpus {prepared.source}: {prepared.summary}; {len(variants)} variants into "
           f"{args.out}")
