@@ -198,3 +198,6 @@ def test_an_exported_char_run_reads_back_as_a_char_tokenizer(run_dir, tmp_path, 
     assert "never saw" in _one_line_error(capsys)
     assert main(["sample", "--hf", str(out), "--prompt", "ab", "--max-new-tokens", "3",
                  "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out)]) == 2  # a run's commands name what the folder is
+    assert "holds a Hugging Face model" in _one_line_error(capsys)

@@ -234,6 +234,9 @@ def read_meta(folder: Path) -> dict:
         if not (folder / name).exists():
             raise UserError(f"{folder} is not a complete checkpoint: {name} is missing")
     meta = read_json_object(folder / CONFIG_FILE)
+    if "model_type" in meta and not is_run_config(meta):
+        raise UserError(f"{folder} holds a Hugging Face model, not a minitransformer run: "
+                        f"sample --hf reads it, train --init_from starts a run from it")
     if "model" not in meta or "family" not in meta:
         raise UserError(f"{folder / CONFIG_FILE} is not a minitransformer config")
     return meta
