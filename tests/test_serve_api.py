@@ -109,6 +109,18 @@ def test_a_list_of_prompts(client, run):
     assert [c.text for c in r.choices] == [reference(run, p, 5, 2) for p in (PROMPT, "the")]
 
 
+def test_prompts_as_token_ids(client, run):
+    ids = run.tokenizer.encode(PROMPT)
+    one = client.completions.create(model="tiny", prompt=ids, max_tokens=5, seed=2)
+    assert one.choices[0].text == reference(run, PROMPT, 5, 2)
+    two = client.completions.create(model="tiny", prompt=[ids, run.tokenizer.encode("the")],
+                                    max_tokens=5, seed=2)
+    assert [c.text for c in two.choices] == [reference(run, p, 5, 2) for p in (PROMPT, "the")]
+    with pytest.raises(openai.BadRequestError, match="not in the vocabulary"):
+        client.completions.create(model="tiny", prompt=[ids[0], 10 ** 6], max_tokens=2)
+    still_serving(client)
+
+
 def test_streaming_gives_the_same_text_in_chunks(client, run):
     chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16,
                                             seed=5, stream=True))

@@ -62,6 +62,21 @@ def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> li
     return ids
 
 
+def _token_ids(tokenizer, ids: list[int], i: int | None, max_prompt_tokens: int) -> list[int]:
+    """A prompt given as token ids (OpenAI's other form), checked against the vocabulary."""
+    param = "prompt" if i is None else f"prompt.{i}"
+    if not ids:
+        raise APIError(400, f"{param} has no token ids", param, "empty_prompt")
+    bad = next((t for t in ids if not 0 <= t < tokenizer.vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"{param}: token id {bad} is not in the vocabulary (0 to "
+                            f"{tokenizer.vocab_size - 1})", param, "invalid_token")
+    if len(ids) > max_prompt_tokens:
+        raise APIError(400, f"{param} has {len(ids)} tokens; this server reads at most "
+                            f"{max_prompt_tokens}", param, "context_length_exceeded")
+    return list(ids)
+
+
 def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
                     max_prompt_tokens: int) -> Plan:
     """Check a request beyond its types; every problem is a 400 naming its field."""
@@ -71,12 +86,16 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
              "frequency_penalty": req.frequency_penalty != 0}
     for name in (name for name, used in asked.items() if used):
         raise APIError(400, f"{name} is not supported", name, "unsupported")
-    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    single = isinstance(req.prompt, str) or \
+        bool(req.prompt) and all(isinstance(t, int) for t in req.prompt)  # one text or ids
+    prompts = [req.prompt] if single else list(req.prompt)
     if not prompts or len(prompts) > MAX_PROMPTS:
         raise APIError(400, f"give 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")
-    single = isinstance(req.prompt, str)
     ids = [_encode(tokenizer, p, None if single else i, max_prompt_tokens)
+           if isinstance(p, str) else _token_ids(tokenizer, p, None if single else i,
+                                                  max_prompt_tokens)
            for i, p in enumerate(prompts)]
+    prompts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
     max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     if max_tokens > max_tokens_cap:
         raise APIError(400, f"max_tokens is {max_tokens}; this server allows at most "

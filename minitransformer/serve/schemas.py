@@ -27,7 +27,9 @@ class CompletionRequest(Strict):
     """POST /v1/completions (OpenAI's legacy completions API; ``top_k`` is an extension)."""
 
     model: str = Field(description="the model's id, from GET /v1/models")
-    prompt: str | list[str] = Field(description="text to continue, or a list of texts")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="text to continue, a list of texts, token ids, or a list of token-id "
+                    "lists")
     max_tokens: int | None = Field(16, ge=0, description="new tokens per choice (capped by the "
                                    "server's --max_tokens)")
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False,
