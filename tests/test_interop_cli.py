@@ -201,3 +201,14 @@ def test_an_exported_char_run_reads_back_as_a_char_tokenizer(run_dir, tmp_path, 
     capsys.readouterr()
     assert main(["evaluate", str(out)]) == 2  # a run's commands name what the folder is
     assert "holds a Hugging Face model" in _one_line_error(capsys)
+
+
+def test_train_into_an_export_names_it_a_model_not_a_run(run_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--hf", str(out)]) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert main(["train", "--data", "shakespeare", "--out", str(out), "--preset", "debug"]) == 2
+    err = _one_line_error(capsys)
+    assert "a model's files" in err and "--resume" not in err, err
+    assert _files(out) == before

@@ -89,6 +89,10 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     if resume and not ckpt.list_checkpoints(out_dir):
         raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
     if not resume and has_run and not force:
+        if ckpt.run_containing(out_dir) is None:  # another tool's model, or a damaged run
+            raise UserError(f"{out_dir} already holds a model's files (config.json or "
+                            f"checkpoints/) that are not a run to resume; give the run another "
+                            f"folder, or pass --force to replace them")
         raise UserError(f"{out_dir} already holds a training run; pass --resume to continue it "
                         f"or --force to replace it")
     return has_run
