@@ -17,6 +17,8 @@ from typing import Literal, get_args
 
 from .errors import ConfigError
 
+SEED_LIMIT = 2 ** 63  # seeds are 0 .. 2**63 - 1 everywhere; seed + i must fit torch's 64 bits
+
 
 def _check_literals(cfg) -> None:
     hints = typing.get_type_hints(type(cfg))
@@ -267,11 +269,6 @@ class Seq2SeqConfig:
     @property
     def decoder_layers(self) -> int:
         return self.n_decoder_layer or self.n_layer
-
-
-# Seeds are 0 .. 2**63 - 1 everywhere (flags, config files, the server): torch's generators
-# take up to 2**64 - 1, and seed + i for the i-th sample must fit too.
-SEED_LIMIT = 2 ** 63
 
 
 @dataclass

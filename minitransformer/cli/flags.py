@@ -40,32 +40,30 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def positive_int(text: str) -> int:
+def _whole_number(text: str, smallest: int, too_small: str, limit: int | None = None,
+                  too_large: str = "") -> int:
+    """int(text) within [smallest, limit), else an argparse error with the message given."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    if value < smallest or (limit is not None and value >= limit):
+        raise argparse.ArgumentTypeError(f"{too_small if value < smallest else too_large}, "
+                                         f"got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1, "must be positive")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+    return _whole_number(text, 0, "must not be negative")
 
 
 def seed(text: str) -> int:
     """A random seed: a whole number from 0 to 2**63 - 1."""
-    value = nonneg_int(text)
-    if value >= SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be less than 2**63, got {value}")
-    return value
+    return _whole_number(text, 0, "must not be negative", SEED_LIMIT, "must be less than 2**63")
 
 
 MAX_PORT = 65535  # TCP ports are 16-bit
@@ -73,10 +71,8 @@ MAX_PORT = 65535  # TCP ports are 16-bit
 
 def port_number(text: str) -> int:
     """A TCP port: a whole number from 0 to 65535 (bind() would fail with an OverflowError)."""
-    value = nonneg_int(text)
-    if value > MAX_PORT:
-        raise argparse.ArgumentTypeError(f"a port is 0 to {MAX_PORT}, got {value}")
-    return value
+    return _whole_number(text, 0, "must not be negative", MAX_PORT + 1,
+                         f"a port is 0 to {MAX_PORT}")
 
 
 def length_penalty(text: str) -> float:
