@@ -236,3 +236,26 @@ def test_utf16_text_is_named_and_an_unknown_encoding_comes_first(tmp_path, capsy
     check_user_error(capsys, train, "binary", "--encoding utf-16")
     check_user_error(capsys, [*train, "--encoding", "no-such"], "unknown encoding")
     assert main([str(a) for a in [*train, "--encoding", "utf-16"]]) == 0
+
+
+def test_the_worked_example_refuses_a_models_page_settings(tmp_path, capsys):
+    out = tmp_path / "w.html"
+    for flag in ("--layer", "--head", "--top_k"):
+        check_user_error(capsys, ["explain", "--worked_example", "--out", out, flag, "1"],
+                         flag, "worked example")
+    assert not out.exists()
+    assert main(["explain", "--worked_example", "--out", str(out)]) == 0 and out.exists()
+
+
+def test_compare_never_writes_over_a_run_or_another_comparison(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    vary = ["compare", "--vary", "seed=1,2", "--max-iters", "1", "--out"]
+    check_user_error(capsys, [*vary, copy, "--force"], "holds a training run")
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    earlier = tmp_path / "cmp"
+    earlier.mkdir()
+    (earlier / "results.json").write_text("[]", encoding="utf-8")
+    check_user_error(capsys, [*vary, earlier], "comparison's results", "--force")
+    assert (earlier / "results.json").read_text(encoding="utf-8") == "[]"

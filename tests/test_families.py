@@ -123,6 +123,8 @@ def test_command_that_does_not_apply_is_a_user_error(runs, family, command, word
     (["evaluate", "--beam", "0"], ["--beam", "positive"]),
     (["evaluate", "--examples", "-1"], ["--examples", "negative"]),
     (["evaluate", "--encoding", "latin-1"], ["--encoding", "--data"]),
+    (["evaluate", "--beam", "1", "--length_penalty", "2"], ["--length_penalty", "greedy"]),
+    (["translate", "hi", "--beam", "1", "--length_penalty", "2"], ["--length_penalty"]),
 ])
 def test_bad_decoding_values_are_user_errors(runs, command, words, tmp_path, capsys):
     out, _ = runs

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 from ..config import TrainConfig, closest, config_from_dict, parse_duration
 from ..errors import UserError
 from ..experiments.autosize import autosize_for_train
-from ..experiments.compare import parse_vary, run_compare, write_results
+from ..experiments.compare import check_out_dir, parse_vary, run_compare, write_results
 from ..experiments.report import markdown_table
 from ..experiments.runs import split_for
 from ..families import FAMILIES, get_family
@@ -144,6 +144,7 @@ def cmd_compare(args) -> int:
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
     lengths = parse_lengths(args.eval_lengths)
+    check_out_dir(Path(args.out), variants, args.force)  # before the corpus is read
     base, prepared = _base_settings(family, args, given, variants)
     base.update(given)
     print(f"corpus {prepared.source}: {prepared.summary}; {len(variants)} variants into "

@@ -43,6 +43,11 @@ def cmd_explain(args) -> int:
     if args.worked_example:
         if args.dir or args.text is not None:
             raise UserError("--worked_example takes no checkpoint folder or --text")
+        given = next((f for f in ("layer", "head", "top_k") if getattr(args, f) is not None),
+                     None)
+        if given:
+            raise UserError(f"--{given} picks what a model's page shows; the worked example "
+                            f"has none")
         write_page(worked_example_doc(), out, args.lang)
         print(f"wrote {out} (the worked example)")
         return 0
@@ -53,8 +58,9 @@ def cmd_explain(args) -> int:
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("explain")
     source = data_label(run.meta, str(args.dir))
-    doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer, args.head,
-                             args.top_k, msg("walk.trained_on", source=source))
+    doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer or 0,
+                             args.head or 0, 10 if args.top_k is None else args.top_k,
+                             msg("walk.trained_on", source=source))
     write_page(doc, out, args.lang)
     print(f"wrote {out} ({len(doc['steps'])} steps, {doc['n_layer']} layers x "
           f"{doc['n_head']} heads); open it in a browser, no network needed")
@@ -88,9 +94,10 @@ def add_explain(sub) -> None:
     e.add_argument("--out", required=True, help="HTML file to write")
     e.add_argument("--worked_example", action="store_true",
                    help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
-    e.add_argument("--layer", type=nonneg_int, default=0, help="layer shown first (default 0)")
-    e.add_argument("--head", type=nonneg_int, default=0, help="head shown first (default 0)")
-    e.add_argument("--top_k", type=nonneg_int, default=10,
+    e.add_argument("--layer", type=nonneg_int, default=None,
+                   help="layer shown first (default 0)")
+    e.add_argument("--head", type=nonneg_int, default=None, help="head shown first (default 0)")
+    e.add_argument("--top_k", type=nonneg_int, default=None,
                    help="how many next-token probabilities to list (default 10)")
     e.add_argument("--lang", choices=LANGS, default="en",
                    help="the language the page opens in, en or zh (default en); a button on "

@@ -101,9 +101,15 @@ def _slug(value) -> str:
 
 
 def check_out_dir(out_dir: Path, variants: list[Variant], force: bool) -> None:
-    taken = [v.name for v in variants
-             if (out_dir / v.name / ckpt.CONFIG_FILE).exists()
-             or (out_dir / v.name / ckpt.CHECKPOINTS).exists()]
+    """Refuse an --out that holds a training run itself (always), or, unless ``force``, an
+    earlier comparison: its results files or runs of the same names."""
+    if ckpt.holds_run(out_dir):
+        raise UserError(f"{out_dir} holds a training run; give the comparison a folder of its "
+                        f"own")
+    taken = [v.name for v in variants if ckpt.holds_run(out_dir / v.name)]
+    if (out_dir / "results.json").exists() and not force:
+        raise UserError(f"{out_dir} already holds a comparison's results; pass --force to "
+                        f"replace them or choose another --out")
     if taken and not force:
         raise UserError(f"{out_dir} already holds runs ({', '.join(taken)}); pass --force to "
                         f"replace them or choose another --out")

@@ -202,6 +202,8 @@ def decoding_options(options: dict, model=None) -> dict:
     max_len = options.get("max_len")
     if beam < 1:
         raise NotApplicable(f"--beam must be at least 1, got {beam}")
+    if beam == 1 and options.get("length_penalty") is not None:
+        raise NotApplicable("--length_penalty applies to beam search; --beam 1 is greedy")
     if not 0 <= penalty <= MAX_LENGTH_PENALTY:  # also refuses nan and inf
         raise NotApplicable(f"--length_penalty must be from 0 to {MAX_LENGTH_PENALTY:g}, "
                             f"got {penalty}")
