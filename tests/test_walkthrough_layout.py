@@ -34,10 +34,14 @@ def page_file(tmp_path_factory):
     return root / "w.html"
 
 
-@pytest.fixture(scope="module")
-def page(page_file, browser):
+@pytest.fixture(scope="module", params=["en", "zh"])
+def page(page_file, browser, request):
+    html = page_file.with_name(f"w-{request.param}.html")
+    if not html.exists():  # the same page opening in each language
+        assert main(["explain", str(page_file.parent / "run"), "--text", TEXT, "--out",
+                     str(html), "--lang", request.param]) == 0
     pg = browser.new_page(viewport={"width": 1360, "height": 900})
-    pg.goto(page_file.as_uri())
+    pg.goto(html.as_uri())
     pg.wait_for_selector("#step")
     yield pg
     pg.close()
@@ -86,7 +90,7 @@ def _fonts(page, selector: str) -> list[str]:
     return [f["familyName"] for f in fonts if f["glyphCount"] > 0]
 
 
-@pytest.mark.parametrize("selector", ["#step-title", ".token .text", "header h1"])
+@pytest.mark.parametrize("selector", ["#step-title", ".token .text", "header h1", ".step .formula"])
 def test_chinese_text_is_drawn_with_a_cjk_font(page, selector):
     page.click("#dots button >> nth=0")
     page.wait_for_selector("#step[data-step='1']")
