@@ -18,10 +18,9 @@ import torch
 from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
-from ..interop.tokenizer import exported_chars
+from ..interop.tokenizer import as_char_tokenizer
 from ..models import GPT
 from ..models.generation import ROLLABLE, decoding_weights
-from ..tokenizers import CharTokenizer
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
 from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int, seed
@@ -175,10 +174,9 @@ def _sample_hf(args, device) -> int:
     if not isinstance(model, GPT):
         raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 or "
                         f"Llama folder")
-    tokenizer = load_hf_tokenizer(args.hf)
-    chars = exported_chars(tokenizer.tokenizer)  # a char run's export refuses unseen chars
-    if chars:
-        tokenizer = CharTokenizer(chars)
+    hf_tokenizer = load_hf_tokenizer(args.hf)
+    # a char run's export refuses unseen characters, as the run does
+    tokenizer = as_char_tokenizer(hf_tokenizer) or hf_tokenizer
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise UserError("the prompt encodes to no tokens")

@@ -26,9 +26,9 @@ import torch
 
 from ..errors import UserError
 from ..interop import load_hf, load_hf_tokenizer
-from ..interop.tokenizer import exported_chars
+from ..interop.tokenizer import as_char_tokenizer
 from ..io import read_json_object
-from ..tokenizers import BPETokenizer, CharTokenizer
+from ..tokenizers import BPETokenizer
 from ..training import checkpoint as ckpt
 from . import FAMILIES, load_run
 from .base import Family
@@ -98,8 +98,8 @@ def _hf_source(folder: Path, meta: dict) -> Source:
     family = next((f for f in FAMILIES.values() if isinstance(model, f.model_class)), None)
     if family is None:
         raise UserError(f"--init_from {folder}: a {type(model).__name__} cannot be trained")
-    chars = exported_chars(tokenizer.tokenizer)  # a char run's export reads as its run did
-    ours = CharTokenizer(chars) if chars else BPETokenizer(tokenizer.tokenizer)
+    # a char run's export reads as its run did
+    ours = as_char_tokenizer(tokenizer) or BPETokenizer(tokenizer.tokenizer)
     return Source(folder, "hf", family, dataclasses.replace(model.config),
                   dict(model.state_dict()), ours, {"model_type": meta.get("model_type")})
 

@@ -31,6 +31,7 @@ from tokenizers import (
 )
 
 from ..errors import UserError
+from ..tokenizers import CharTokenizer
 
 
 class HFTokenizer:
@@ -115,6 +116,12 @@ def exported_chars(tok: Tokenizer) -> list[str] | None:
             sorted(vocab.values()) != list(range(len(vocab))):
         return None
     return sorted(vocab, key=vocab.get)
+
+
+def as_char_tokenizer(tokenizer: HFTokenizer) -> CharTokenizer | None:
+    """A char run's export (``exported_chars``) as our ``CharTokenizer``, or None."""
+    chars = exported_chars(tokenizer.tokenizer)
+    return CharTokenizer(chars) if chars else None
 
 
 @dataclass(frozen=True)
