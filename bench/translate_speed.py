@@ -14,7 +14,9 @@ generated tokens per sentence (not per beam). fp32, every core, the paths take t
 
 Ours decodes inside one ``decoding_weights`` scope for all rounds, as ``translate`` does for
 all the batches of a file (``translate_many``): the weights are packed once, not per batch.
-That one-time packing is timed and printed apart.
+That one-time packing is timed and printed apart, and so is which kernel the products of each
+row count took (``nn.linear.measured_product``, chosen in the first products: one untimed
+round of each side first).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from minitransformer.config import Seq2SeqConfig
 from minitransformer.models import Seq2SeqTransformer
 from minitransformer.models.decoding import beam_search, greedy_decode, pad_batch
 from minitransformer.models.generation import decoding_weights
+from minitransformer.nn import linear as linear_mod
 from minitransformer.presets import SEQ2SEQ
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,16 +109,18 @@ def run_hf(model, src: torch.Tensor, beam: int, steps: int) -> float:
 def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
             batch: int = 32) -> dict:
     """Medians of ``rounds`` turns of each side; returns {beam: {"ours", "hf"} tokens/s},
-    and under "pack_seconds" the time our one packing of the weights took."""
+    under "pack_seconds" the time our one packing of the weights took, and under "kernels"
+    which kernel our products took."""
     s = sizes(preset)
     ours, hf = build_ours(s), build_marian(s)
     src = source_batch(batch, s["vocab_size"])
     t0 = time.perf_counter()
     with decoding_weights(ours):  # once for every round, as for the batches of a file
         result = {"pack_seconds": time.perf_counter() - t0}
-        with torch.inference_mode():  # warm-up: first calls allocate
-            run_ours(ours, src[:4], 2, 4)
-            run_hf(hf, src[:4], 2, 4)
+        with torch.inference_mode():  # warm-up: first calls allocate, and our kernels are
+            for beam in beams:           # chosen (nn.linear.measured_product)
+                run_ours(ours, src, beam, steps)
+                run_hf(hf, src, beam, steps)
         for beam in beams:
             times = {"ours": [], "hf": []}
             for _ in range(rounds):
@@ -123,7 +128,18 @@ def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
                 times["hf"].append(run_hf(hf, src, beam, steps))
             result[beam] = {k: batch * steps / statistics.median(v) for k, v in times.items()}
             result[beam]["runs"] = times
+    result["kernels"] = kernels_chosen(ours)
     return result
+
+
+def kernels_chosen(model) -> str:
+    """Which kernel ``model``'s products took, per row count (to the next power of two) and
+    threads."""
+    choice = linear_mod._choices.get(model)
+    chosen = sorted(choice.faster.items()) if choice is not None else []
+    return "products of " + ", ".join(
+        f"{rows} rows on {threads}: {'packed' if packed else 'BLAS'}"
+        for (rows, threads), packed in chosen) if chosen else "no kernel chosen"
 
 
 def main() -> None:
@@ -141,14 +157,14 @@ def main() -> None:
     for preset in a.sizes.split(","):
         s = sizes(preset)
         r = compare(preset, rounds=a.rounds, steps=a.tokens, batch=a.batch)
-        packing = r.pop("pack_seconds")
+        packing, kernels = r.pop("pack_seconds"), r.pop("kernels")
         for beam, v in r.items():
             name = "greedy" if beam == 1 else f"beam {beam}"
             print(f"| {preset}: {s['n_layer']}+{s['n_layer']} x {s['n_embd']}, V "
                   f"{s['vocab_size']} | {name} | {v['ours']:,.0f} | {v['hf']:,.0f} | "
                   f"{v['ours'] / v['hf']:.2f}x | >= {TARGETS.get(preset, 1.0)}x |", flush=True)
         notes.append(f"{preset}: packing our weights took {packing * 1e3:.0f} ms, once for "
-                     "all rounds")
+                     f"all rounds; {kernels}")
     print("\n".join(notes))
 
 

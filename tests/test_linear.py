@@ -71,8 +71,87 @@ needs_packing = pytest.mark.skipif(not linear_mod.packing_works(),
 @pytest.fixture(autouse=True)
 def _pack_small(monkeypatch):
     """These tests' layers are tiny: pack them all (outside tests only weights of 256 KB and
-    more are packed)."""
+    more are packed), and compute from the packed copies (outside tests, where measured
+    faster)."""
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(linear_mod, "KERNEL", "packed")
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """The measured choice; returns a log of the kernels that ran."""
+    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
+    return []
+
+
+def timed_calls(log: list, name: str, seconds: float):
+    def call():
+        log.append(name)
+        time.sleep(seconds)
+        return name
+    return call
+
+
+def test_measured_choice_takes_turns_then_keeps_the_faster(measured):
+    choice, x = linear_mod.KernelChoice(), torch.zeros(3, 24)
+    packed = timed_calls(measured, "packed", 0.002)
+    blas = timed_calls(measured, "blas", 0.0)
+    for _ in range(2 * linear_mod.PROBES):
+        linear_mod.measured_product(choice, ("k",), x, packed, blas)
+    assert measured == ["packed", "blas"] * linear_mod.PROBES  # the trials, in turns
+    measured.clear()
+    assert [linear_mod.measured_product(choice, ("k",), x, packed, blas)
+            for _ in range(3)] == ["blas"] * 3
+    assert measured == ["blas"] * 3  # the slower kernel no longer runs
+    # another key of the same row count (to the next power of two) takes the same kernel;
+    # another row count, or another model's choice, is measured anew
+    assert linear_mod.measured_product(choice, ("other",), torch.zeros(4, 8), packed,
+                                       blas) == "blas"
+    assert linear_mod.measured_product(choice, ("k",), torch.zeros(5, 24), packed,
+                                       blas) == "packed"
+    assert linear_mod.measured_product(linear_mod.KernelChoice(), ("k",), x, packed,
+                                       blas) == "packed"
+
+
+def test_measured_choice_is_one_kernel_for_all_products_of_a_row_count(measured):
+    # one key slightly faster packed, the other much slower packed: the whole step is faster
+    # on BLAS, so both take it
+    choice, x = linear_mod.KernelChoice(), torch.zeros(1, 24)
+    keys = {"small_gain": (timed_calls(measured, "packed", 0.001),
+                           timed_calls(measured, "blas", 0.0015)),
+            "big_loss": (timed_calls(measured, "packed", 0.004),
+                         timed_calls(measured, "blas", 0.0))}
+    for _ in range(2 * linear_mod.PROBES):
+        for key, (packed, blas) in keys.items():
+            linear_mod.measured_product(choice, (key,), x, packed, blas)
+    assert choice.faster == {(1, torch.get_num_threads()): False} and not choice.trials
+    assert [linear_mod.measured_product(choice, (key,), x, *calls)
+            for key, calls in keys.items()] == ["blas", "blas"]
+
+
+@pytest.mark.parametrize("kernel", ["packed", "blas"])
+def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
+    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    choice = linear_mod.KernelChoice()
+    calls = [timed_calls(measured, name, 0.0) for name in ("packed", "blas")]
+    for _ in range(2 * linear_mod.PROBES + 1):
+        assert linear_mod.measured_product(choice, ("k",), torch.zeros(2, 4), *calls) == kernel
+    assert choice.faster == {} and choice.trials == {}
+
+
+@needs_packing
+def test_measured_products_equal_f_linear_on_both_kernels(measured):
+    block = DecoderBlock(32, 4, 64, cross_attention=False).eval()
+    h = torch.randn(2, 3, 32)
+    with torch.inference_mode():
+        ref = block(h)[0]
+        for _ in range(2 * linear_mod.PROBES + 2):  # the trials, then the choice: a scope
+            with linear_mod.packed_weights(block):  # per call, as generation opens them
+                assert block.ffn.fc.kernels is block.self_attn.kernels is not None
+                torch.testing.assert_close(block(h)[0], ref, rtol=1e-5, atol=1e-5)
+    assert block.ffn.fc.kernels is None and "kernels" not in vars(block.ffn.fc)
+    choice = linear_mod._choices[block]  # the model's, kept across its scopes
+    assert set(choice.faster) == {(8, torch.get_num_threads())}  # 6 rows: to 8
 
 
 @needs_packing

@@ -34,7 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear, Packable, drop_attribute, pack, packable, packed_linear, use_packed
+from .linear import (
+    Linear,
+    Packable,
+    drop_attribute,
+    measured_product,
+    pack,
+    packable,
+    packed_linear,
+    use_packed,
+)
 from .mask import causal_mask, combine
 from .norm import RMSNorm
 from .positional import ALiBi, RotaryEmbedding
@@ -245,13 +254,22 @@ class MultiHeadAttention(nn.Module, Packable):
         """x W^Q, x W^K, x W^V (B, T, width each): through the three modules, or inside
         ``packed_weights`` as one product with the three weights stacked, [W^Q; W^K; W^V],
         which reads them in one call (a decoding step's three small products are each too
-        short to keep every core busy)."""
+        short to keep every core busy), where that is measured the faster
+        (``nn.linear.measured_product``)."""
         stacked = self.packed_qkv
         if use_packed(stacked, x):
             w, b = stacked
             widths = (self.q_proj.out_features, self.k_proj.out_features,
                       self.v_proj.out_features)
-            return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each
+
+            def packed_call():
+                return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each
+
+            def blas_call():
+                return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+            return measured_product(self.kernels, ("qkv", sum(widths), x.shape[-1]), x,
+                                    packed_call, blas_call)
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def pack_weights(self) -> bool:

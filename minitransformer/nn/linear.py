@@ -8,12 +8,17 @@ Two ways to compute it:
 - the reference path, ``F.linear`` (BLAS), always used for training, gradients and any
   dtype but fp32;
 - the decoding path, inside ``packed_weights(model)``: each W is copied once into oneDNN's
-  blocked layout and every product reads that copy. Decoding feeds one row per sequence
-  through each projection, a matrix-vector product that reads every weight once per token;
-  from the blocked copy a batch of 8 rows costs 0.7-1.5x what one row costs, where BLAS's own
-  product costs 0.9-2.6x, and BLAS is slower for one row too in all but one of the sizes
-  measured (docs/BENCHMARKS.md, "Generation", bench/linear_kernels.py). Tests hold the two
-  paths equal (to fp32 rounding).
+  blocked layout, and each product reads that copy where it is the faster of the two.
+  Decoding feeds one row per sequence through each projection, a matrix-vector product that
+  reads every weight once per token. Which kernel reads it faster is the machine's to say
+  (docs/BENCHMARKS.md, "Which kernel", bench/linear_kernels.py): on a 2-core AMD EPYC the
+  packed product won for 1 and 8 rows at every size from 384 x 384 up; on a 2-core Intel
+  Xeon BLAS won for one row at every size, and the packed product for 32 rows of 512-wide
+  weights. So the first products of each row count (to the next power of two) and thread
+  count take turns on the two kernels, timed where they run, and the faster is kept for the
+  rest of the process (``measured_product``; ``KERNEL`` fixes the choice instead).
+  Tests hold the two paths equal (to fp32 rounding): the choice changes the speed, and the
+  results only in the last bits.
 
 The copy is taken when the scope opens and dropped when it closes, so a scope must not span
 a change of the weights (an optimizer step): generation opens one per call, ``serve`` one
@@ -31,15 +36,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
+import time
+import weakref
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+T = TypeVar("T")
+
 
 class Packable:
     """A module with weights that ``packed_weights`` can pack: ``pack_weights`` takes its
-    packed copies (returning whether it took any), ``unpack_weights`` drops them."""
+    packed copies (returning whether it took any), ``unpack_weights`` drops them. While they
+    are held, ``kernels`` is the model's ``KernelChoice``."""
+
+    kernels: KernelChoice | None = None
 
     def pack_weights(self) -> bool:
         raise NotImplementedError
@@ -57,6 +72,63 @@ class Packable:
 # before it reads anything, which a weight this size (256 KB) repays in a decoding step; a
 # smaller one (a 128-wide model's) is faster through ``F.linear`` (docs/BENCHMARKS.md).
 PACK_MIN_ELEMENTS = 1 << 16
+
+
+# Which kernel computes a product inside ``packed_weights``: "measured" (the default: the
+# faster of the two where it runs, ``measured_product``), or "packed" or "blas" always (tests
+# use "packed" to hold the packed path to the reference).
+KERNEL: Literal["measured", "packed", "blas"] = "measured"
+PROBES = 5  # products each kernel computes, in turns, before the faster is chosen
+Rows = tuple[int, int]  # (rows to the next power of two, threads)
+
+
+class KernelChoice:
+    """Which kernel one model's products take, per row count and thread count, and the
+    trials that choose it (``measured_product``). One per model, kept for the process's
+    life, so that generation's scope per call does not measure again."""
+
+    def __init__(self):
+        self.faster: dict[Rows, bool] = {}  # whether the packed products were the faster
+        self.trials: dict[Rows, dict[tuple, tuple[list[float], list[float]]]] = {}  # seconds
+
+
+_choices: weakref.WeakKeyDictionary[nn.Module, KernelChoice] = weakref.WeakKeyDictionary()
+
+
+def measured_product(choice: KernelChoice | None, key: tuple, x: torch.Tensor,
+                     packed_call: Callable[[], T], blas_call: Callable[[], T]) -> T:
+    """A product of ``x``: ``packed_call()`` from the packed copy or ``blas_call()`` from the
+    plain weight, as ``KERNEL`` says, or when measured, by the kernel that was the faster
+    for this model's products of as many rows (to the next power of two) on as many threads.
+
+    All products of such a row count take the same kernel: a step that switches between the
+    two ran slower here than one on either (docs/BENCHMARKS.md). The first products are the
+    trials: each ``key`` (what is computed and the weight's shape) takes turns on the two,
+    timed where it runs, among the model's other work (a kernel timed alone, its weight hot
+    in the cache, can rank otherwise); once every key has ``PROBES`` turns on each, the
+    kernel that would have taken less time for all of them (medians, each key weighted by how
+    often it came) is kept in ``choice``. Without a choice (a module packed on its own, not
+    through ``packed_weights``), the packed copy.
+    """
+    if KERNEL != "measured" or choice is None or torch.compiler.is_compiling():
+        return blas_call() if KERNEL == "blas" else packed_call()
+    rows = x.numel() // x.shape[-1]
+    bucket = (1 << max(rows - 1, 0).bit_length(), torch.get_num_threads())
+    faster = choice.faster.get(bucket)
+    if faster is not None:
+        return packed_call() if faster else blas_call()
+    trials = choice.trials.setdefault(bucket, {})
+    packed_times, blas_times = trials.setdefault(key, ([], []))
+    packed_turn = len(packed_times) <= len(blas_times)
+    t0 = time.perf_counter()
+    y = packed_call() if packed_turn else blas_call()
+    (packed_times if packed_turn else blas_times).append(time.perf_counter() - t0)
+    if all(len(b) >= PROBES for _, b in trials.values()):
+        saved = sum((len(p) + len(b)) * (statistics.median(b) - statistics.median(p))
+                    for p, b in trials.values())
+        choice.faster[bucket] = saved > 0
+        choice.trials.pop(bucket, None)
+    return y
 
 
 def packable(*weights: torch.Tensor) -> bool:
@@ -85,7 +157,9 @@ class Linear(nn.Linear, Packable):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self.packed
         if use_packed(packed, x):
-            return packed_linear(x, packed, self.bias)  # (..., M)
+            return measured_product(self.kernels, ("linear", *self.weight.shape), x,
+                                    lambda: packed_linear(x, packed, self.bias),
+                                    lambda: F.linear(x, self.weight, self.bias))  # (..., M)
         return F.linear(x, self.weight, self.bias)  # (..., M)
 
     def pack_weights(self) -> bool:
@@ -129,11 +203,14 @@ def fused_activation(act: nn.Module) -> tuple[str, str] | None:
 
 def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
     """act(layer(x)); inside ``packed_weights`` one call for a plain ``Linear`` and an
-    activation oneDNN can apply itself (ReLU, GELU), which saves the activation's own pass.
+    activation oneDNN can apply itself (ReLU, GELU), which saves the activation's own pass
+    (where that call is measured the faster, against BLAS's product and the activation).
     (A LoRA wrapper adds its path after the product, before the activation: never fused.)"""
     packed = layer.packed if type(layer) is Linear else None
     if use_packed(packed, x) and (post := fused_activation(act)) is not None:
-        return packed_linear(x, packed, layer.bias, post)
+        return measured_product(layer.kernels, ("linear", *layer.weight.shape, *post), x,
+                                lambda: packed_linear(x, packed, layer.bias, post),
+                                lambda: act(F.linear(x, layer.weight, layer.bias)))
     return act(layer(x))
 
 
@@ -164,16 +241,20 @@ def packed_weights(model: nn.Module):
 
     ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known
     before they come up, and they are skipped (in a nested scope too: the outer copy serves).
+    The products choose their kernel by ``model``'s ``KernelChoice``, kept across scopes.
     """
     packed, served = [], set()
+    choice = _choices.setdefault(model, KernelChoice())
     try:
         for m in model.modules():
             if not isinstance(m, Packable) or id(m) in served:
                 continue
             if m.pack_weights():
+                m.kernels = choice
                 packed.append(m)
             served.update(id(sub) for sub in m.packs_for())
         yield
     finally:
         for m in packed:
             m.unpack_weights()
+            drop_attribute(m, "kernels")
