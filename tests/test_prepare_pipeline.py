@@ -207,3 +207,21 @@ def test_prepared_data_is_never_written_over_by_train_or_export(tmp_path, tiny_c
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "prepared data" in err, err
     assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+
+
+def test_train_on_prepared_data_refuses_another_vocabulary_size(tmp_path, tiny_corpus,
+                                                                capsys):
+    data = tmp_path / "data"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300"]) == 0
+    run = tmp_path / "run"
+    for extra in (["--vocab_size", "500"], ["--vocab_size", "500", "--tokenizer", "bpe"]):
+        capsys.readouterr()
+        assert main(["train", "--data", str(data), "--out", str(run), "--preset", "debug",
+                     *extra]) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--vocab_size 500" in err, err
+        assert not run.exists()
+    size = load_tokenizer(data / TOKENIZER).vocab_size  # its own size is no contradiction
+    assert main(["train", "--data", str(data), "--out", str(run), "--preset", "debug",
+                 "--vocab_size", str(size), "--max_iters", "1", "--quiet"]) == 0

@@ -74,6 +74,16 @@ def split_for(family: Family, fields: dict) -> tuple[dict, dict]:
     return model, train_fields
 
 
+def _check_prepared_vocabulary(prepared, given: int | None) -> None:
+    """--vocab_size names the size of the tokenizer to fit; prepared data has one already,
+    so a different size cannot apply (a preset's size, not given, does not count)."""
+    if given is not None and prepared.data_meta.get("prepared") \
+            and given != prepared.tokenizer.vocab_size:
+        raise UserError(f"--vocab_size {given}: {prepared.source} was prepared with a "
+                        f"{prepared.tokenizer.vocab_size:,}-id tokenizer; drop --vocab_size, "
+                        f"or prepare the text again with it")
+
+
 def _train_config(fields: dict) -> TrainConfig:
     try:
         return config_from_dict(TrainConfig, fields)
@@ -102,6 +112,7 @@ def new_run(req: TrainRequest, echo=print):
         family.check_fields(model_f)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
                               model_f, req.tokenizer, req.data_tgt, req.newline)
+    _check_prepared_vocabulary(prepared, req.fields.get("vocab_size"))
     if sized:
         given_model, given_train = split_for(family, req.fields)
         sized = autosize_for_train(prepared.n_train_tokens, len(prepared.val_ids),

@@ -64,7 +64,7 @@ class StreamFamily(Family):
                                 f"text (--model seq2seq translates)")
         sources = as_sources(source)
         if len(sources) == 1 and is_prepared(sources[0]):
-            return self._open_prepared(sources[0], kind, fields)
+            return self._open_prepared(sources[0], kind)
         folders = [s for s in sources if is_prepared(s)]
         if folders:
             raise NotApplicable(f"--data {folders[0]} is a prepared folder: it is read alone; "
@@ -102,7 +102,7 @@ class StreamFamily(Family):
         if not is_prepared(folder):
             raise UserError(f"this run was trained on the prepared data {folder}, which is not "
                             f"there any more; pass --data to point at it (or prepare it again)")
-        prepared = self._open_prepared(folder, None, {})
+        prepared = self._open_prepared(folder, None)
         if not hasattr(tokenizer, "to_dict"):
             raise NotApplicable(f"{folder} holds ids of its own tokenizer, not of the Hugging "
                                 f"Face folder's; pass --data with the text itself")
@@ -132,16 +132,13 @@ class StreamFamily(Family):
                                 f"tokenizer), {len(train_ids):,} train / {len(val_ids):,} "
                                 f"val{note}")
 
-    def _open_prepared(self, source: str, kind: str | None, fields: dict) -> Prepared:
+    def _open_prepared(self, source: str, kind: str | None) -> Prepared:
         """A DATA_DIR written by ``prepare``: its tokenizer and memory-mapped splits."""
         manifest, train_ids, val_ids = open_shards(source)
         tokenizer = load_tokenizer(Path(source) / "tokenizer.json")
         if kind is not None and not tokenizer.kind.startswith(kind.split("-")[0]):
             raise NotApplicable(f"--tokenizer {kind}: {source} was prepared with a "
                                 f"{tokenizer.kind} tokenizer (drop --tokenizer)")
-        vocab = fields.get("vocab_size")
-        if kind is not None and vocab is not None and vocab != tokenizer.vocab_size:
-            raise NotApplicable(f"--vocab_size {vocab}: {source} has {tokenizer.vocab_size}")
         folder = str(Path(source).resolve())
         data_meta = {"source": folder, "encoding": "utf-8", "tokenizer": tokenizer.kind,
                      "prepared": True, "sources": manifest.get("sources", [])}
