@@ -5,9 +5,11 @@
 Decoding feeds 1 row per sequence (8 for ``--num-samples 8``) through each projection; the
 product reads every weight once. A model larger than the last-level cache reads them from
 memory, so each shape is timed cycling through enough copies of its weight (64 MB) that
-none stays in cache: microseconds per call, medians, for 1 and 2 threads. The shapes are
-config (b)'s (6 x 384: q/k/v/out, the stacked q|k|v, the FFN's two), two of GPT-2 small's,
-and two small ones below ``nn.linear.PACK_MIN_ELEMENTS``, where packing does not pay.
+none stays in a cache of up to 64 MB (a larger L3, one VM's 480 MiB, still holds them):
+microseconds per call, medians, for 1 and 2 threads. The shapes are config (b)'s (6 x 384:
+q/k/v/out, the stacked q|k|v, the FFN's two), two of GPT-2 small's, and two small ones below
+``nn.linear.PACK_MIN_ELEMENTS``. Decoding does not go by these figures: each model times
+the two kernels where they run (``nn.linear.measured_product``).
 """
 
 from __future__ import annotations

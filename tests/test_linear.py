@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -92,66 +93,117 @@ def timed_calls(log: list, name: str, seconds: float):
     return call
 
 
-def test_measured_choice_takes_turns_then_keeps_the_faster(measured):
-    choice, x = linear_mod.KernelChoice(), torch.zeros(3, 24)
-    packed = timed_calls(measured, "packed", 0.002)
-    blas = timed_calls(measured, "blas", 0.0)
-    for _ in range(2 * linear_mod.PROBES):
-        linear_mod.measured_product(choice, ("k",), x, packed, blas)
-    assert measured == ["packed", "blas"] * linear_mod.PROBES  # the trials, in turns
+def run_passes(choice, modules: dict, n: int, rows: int = 1) -> None:
+    """``n`` passes, each a product of every module in order: {module: (packed, blas)}."""
+    x = torch.zeros(rows, 4)
+    for _ in range(n):
+        for module, calls in modules.items():
+            linear_mod.measured_product(choice, module, x, *calls)
+
+
+TRIAL_PASSES = len(linear_mod.SCHEDULE)
+
+
+def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
+    choice = linear_mod.KernelChoice()
+    first, second = object(), object()
+    modules = {first: (timed_calls(measured, "packed", 0.002), timed_calls(measured, "blas", 0)),
+               second: (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))}
+    run_passes(choice, modules, TRIAL_PASSES)
+    # each pass on one kernel (a pass mixing the two would be slower than either)
+    assert measured == [("packed" if packed else "blas") for packed in linear_mod.SCHEDULE
+                        for _ in range(2)]
+    assert measured[:6] == ["packed", "packed", "blas", "blas", "packed", "packed"]
     measured.clear()
-    assert [linear_mod.measured_product(choice, ("k",), x, packed, blas)
-            for _ in range(3)] == ["blas"] * 3
-    assert measured == ["blas"] * 3  # the slower kernel no longer runs
-    # another key of the same row count (to the next power of two) takes the same kernel;
-    # another row count, or another model's choice, is measured anew
-    assert linear_mod.measured_product(choice, ("other",), torch.zeros(4, 8), packed,
-                                       blas) == "blas"
-    assert linear_mod.measured_product(choice, ("k",), torch.zeros(5, 24), packed,
-                                       blas) == "packed"
-    assert linear_mod.measured_product(linear_mod.KernelChoice(), ("k",), x, packed,
-                                       blas) == "packed"
+    run_passes(choice, modules, 1)  # the pass that closes the last trial pass decides
+    assert choice.chosen == {(1, torch.get_num_threads()): "blas"} and not choice.trials
+    run_passes(choice, modules, 2)
+    assert measured == ["blas"] * 6  # the slower kernel no longer runs
+    measured.clear()
+    # another row count (to the next power of two), or another model's choice: measured anew
+    run_passes(choice, modules, 1, rows=3)
+    run_passes(linear_mod.KernelChoice(), modules, 1)
+    assert measured == ["packed"] * 4
 
 
-def test_measured_choice_is_one_kernel_for_all_products_of_a_row_count(measured):
-    # one key slightly faster packed, the other much slower packed: the whole step is faster
-    # on BLAS, so both take it
-    choice, x = linear_mod.KernelChoice(), torch.zeros(1, 24)
-    keys = {"small_gain": (timed_calls(measured, "packed", 0.001),
-                           timed_calls(measured, "blas", 0.0015)),
-            "big_loss": (timed_calls(measured, "packed", 0.004),
-                         timed_calls(measured, "blas", 0.0))}
-    for _ in range(2 * linear_mod.PROBES):
-        for key, (packed, blas) in keys.items():
-            linear_mod.measured_product(choice, (key,), x, packed, blas)
-    assert choice.faster == {(1, torch.get_num_threads()): False} and not choice.trials
-    assert [linear_mod.measured_product(choice, (key,), x, *calls)
-            for key, calls in keys.items()] == ["blas", "blas"]
+def test_the_last_product_of_a_long_pass_counts(measured):
+    # twelve layers of products level on both kernels, then an output layer much slower on
+    # the packed copy: the pass, whole, is faster on BLAS
+    choice = linear_mod.KernelChoice()
+    level = (timed_calls(measured, "packed", 0.0002), timed_calls(measured, "blas", 0.0002))
+    modules = {object(): level for _ in range(12)}
+    modules[object()] = (timed_calls(measured, "packed", 0.01), timed_calls(measured, "blas", 0))
+    run_passes(choice, modules, TRIAL_PASSES + 1)
+    assert choice.chosen == {(1, torch.get_num_threads()): "blas"}
+
+
+def test_a_pass_is_timed_whole_with_the_work_between_its_products(measured):
+    # the packed products are the faster, but they slow the work after them (as a kernel
+    # that leaves the caches cold would): the passes, whole, are faster on BLAS
+    choice, x = linear_mod.KernelChoice(), torch.zeros(1, 4)
+    first, second = object(), object()
+    calls = (timed_calls(measured, "packed", 0.0), timed_calls(measured, "blas", 0.002))
+    for _ in range(TRIAL_PASSES + 1):
+        linear_mod.measured_product(choice, first, x, *calls)
+        time.sleep(0.008 if measured[-1] == "packed" else 0.0)  # the work in between
+        linear_mod.measured_product(choice, second, x, *calls)
+    assert choice.chosen == {(1, torch.get_num_threads()): "blas"}
+
+
+def test_thread_count_and_zero_rows(measured, monkeypatch):
+    choice, module = linear_mod.KernelChoice(), object()
+    calls = (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))
+    assert linear_mod.measured_product(choice, module, torch.zeros(0, 4), *calls) == "blas"
+    assert not choice.trials and not choice.chosen  # an empty product decides nothing
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    linear_mod.measured_product(choice, module, torch.zeros(5, 4), *calls)
+    assert list(choice.trials) == [(8, 7)]  # 5 rows on 7 threads
+
+
+def test_next_power_of_two():
+    assert [linear_mod.next_power_of_two(n) for n in (1, 2, 3, 4, 5, 6, 8, 9)] == \
+        [1, 2, 4, 4, 8, 8, 8, 16]
 
 
 @pytest.mark.parametrize("kernel", ["packed", "blas"])
 def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
     monkeypatch.setattr(linear_mod, "KERNEL", kernel)
     choice = linear_mod.KernelChoice()
-    calls = [timed_calls(measured, name, 0.0) for name in ("packed", "blas")]
-    for _ in range(2 * linear_mod.PROBES + 1):
-        assert linear_mod.measured_product(choice, ("k",), torch.zeros(2, 4), *calls) == kernel
-    assert choice.faster == {} and choice.trials == {}
+    run_passes(choice, {object(): (timed_calls(measured, "packed", 0),
+                                   timed_calls(measured, "blas", 0))}, TRIAL_PASSES + 1)
+    assert set(measured) == {kernel} and not choice.chosen and not choice.trials
+
+
+@pytest.mark.parametrize("value,kernel", [("blas", "blas"), ("packed", "packed"),
+                                          (None, "measured"), ("fast", "measured")])
+def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
+    if value is None:
+        monkeypatch.delenv(linear_mod.KERNEL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(linear_mod.KERNEL_ENV, value)
+    assert linear_mod.kernel_setting() == kernel
+    assert ("is not one of" in capsys.readouterr().err) == (value == "fast")
 
 
 @needs_packing
 def test_measured_products_equal_f_linear_on_both_kernels(measured):
     block = DecoderBlock(32, 4, 64, cross_attention=False).eval()
     h = torch.randn(2, 3, 32)
+    kernels = []
+    block.ffn.proj.register_forward_hook(
+        lambda m, i, o: kernels.append(m.kernels.trials[(8, torch.get_num_threads())].packed
+                                       if m.kernels and m.kernels.trials else None))
     with torch.inference_mode():
         ref = block(h)[0]
-        for _ in range(2 * linear_mod.PROBES + 2):  # the trials, then the choice: a scope
-            with linear_mod.packed_weights(block):  # per call, as generation opens them
+        for _ in range(TRIAL_PASSES + 2):  # the trial, then the choice: a scope per call,
+            with linear_mod.packed_weights(block):  # as generation opens them
                 assert block.ffn.fc.kernels is block.self_attn.kernels is not None
                 torch.testing.assert_close(block(h)[0], ref, rtol=1e-5, atol=1e-5)
+    assert kernels[1:TRIAL_PASSES + 1] == list(linear_mod.SCHEDULE)  # both kernels ran
     assert block.ffn.fc.kernels is None and "kernels" not in vars(block.ffn.fc)
     choice = linear_mod._choices[block]  # the model's, kept across its scopes
-    assert set(choice.faster) == {(8, torch.get_num_threads())}  # 6 rows: to 8
+    assert set(choice.chosen) == {(8, torch.get_num_threads())}  # 6 rows: to 8
+    assert copy.deepcopy(choice) is not choice  # a copied model measures anew
 
 
 @needs_packing
@@ -216,9 +268,11 @@ def test_without_onednn_nothing_is_packed(monkeypatch):
 
 
 @needs_packing
+@pytest.mark.parametrize("kernel", ["packed", "blas"])
 @pytest.mark.parametrize("kw", [dict(), dict(bias=False), dict(n_kv_head=1),
                                 dict(qk_norm=True)])
-def test_stacked_qkv_equals_the_three_projections(kw):
+def test_stacked_qkv_equals_the_three_projections(monkeypatch, kw, kernel):
+    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
     attn = MultiHeadAttention(32, 4, causal=True, **kw).eval()
     x = torch.randn(2, 5, 32)
     with torch.inference_mode():
@@ -288,8 +342,11 @@ def test_only_plain_fp32_tensors_are_packable(monkeypatch):
 
 
 @needs_packing
+@pytest.mark.parametrize("kernel", ["packed", "blas"])
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "relu2"])
-def test_feedforward_with_its_activation_fused_equals_the_reference(activation):
+def test_feedforward_with_its_activation_fused_equals_the_reference(monkeypatch, activation,
+                                                                    kernel):
+    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
     ffn = FeedForward(32, 64, activation).eval()
     x = torch.randn(2, 3, 32)
     with torch.inference_mode():

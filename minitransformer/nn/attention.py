@@ -266,10 +266,10 @@ class MultiHeadAttention(nn.Module, Packable):
                 return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each
 
             def blas_call():
-                return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+                return tuple(F.linear(x, p.weight, p.bias)
+                             for p in (self.q_proj, self.k_proj, self.v_proj))
 
-            return measured_product(self.kernels, ("qkv", sum(widths), x.shape[-1]), x,
-                                    packed_call, blas_call)
+            return measured_product(self.kernels, self, x, packed_call, blas_call)
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def pack_weights(self) -> bool:

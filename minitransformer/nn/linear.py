@@ -10,13 +10,11 @@ Two ways to compute it:
 - the decoding path, inside ``packed_weights(model)``: each W is copied once into oneDNN's
   blocked layout, and each product reads that copy where it is the faster of the two.
   Decoding feeds one row per sequence through each projection, a matrix-vector product that
-  reads every weight once per token. Which kernel reads it faster is the machine's to say
-  (docs/BENCHMARKS.md, "Which kernel", bench/linear_kernels.py): on a 2-core AMD EPYC the
-  packed product won for 1 and 8 rows at every size from 384 x 384 up; on a 2-core Intel
-  Xeon BLAS won for one row at every size, and the packed product for 32 rows of 512-wide
-  weights. So the first products of each row count (to the next power of two) and thread
-  count take turns on the two kernels, timed where they run, and the faster is kept for the
-  rest of the process (``measured_product``; ``KERNEL`` fixes the choice instead).
+  reads every weight once per token. Which kernel reads it faster is the machine's to say:
+  it depends on the CPU, the row count and the weight's size, and no fixed rule was right on
+  the two machines measured (docs/BENCHMARKS.md, "Which kernel"). So the first products of
+  each row count take turns on the two kernels, timed where they run, and the faster is kept
+  for the model (``measured_product``; MINITRANSFORMER_KERNEL fixes the choice instead).
   Tests hold the two paths equal (to fp32 rounding): the choice changes the speed, and the
   results only in the last bits.
 
@@ -36,11 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import statistics
+import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -75,59 +77,138 @@ PACK_MIN_ELEMENTS = 1 << 16
 
 
 # Which kernel computes a product inside ``packed_weights``: "measured" (the default: the
-# faster of the two where it runs, ``measured_product``), or "packed" or "blas" always (tests
-# use "packed" to hold the packed path to the reference).
-KERNEL: Literal["measured", "packed", "blas"] = "measured"
-PROBES = 5  # products each kernel computes, in turns, before the faster is chosen
-Rows = tuple[int, int]  # (rows to the next power of two, threads)
+# faster of the two where it runs, ``measured_product``), or "packed" or "blas" always. The
+# environment variable MINITRANSFORMER_KERNEL sets it: a fixed kernel makes runs with the same
+# seed repeat to the last bit from one process to the next (the measured choice may differ
+# between processes where the two are close, and the two differ in the last bits).
+KERNELS = ("measured", "packed", "blas")
+KERNEL_ENV = "MINITRANSFORMER_KERNEL"
+
+
+def kernel_setting() -> str:
+    """``KERNEL`` from the environment; a value that is not one of ``KERNELS`` is said on
+    stderr and the measured choice is used."""
+    value = os.environ.get(KERNEL_ENV, "measured")
+    if value not in KERNELS:
+        print(f"note: {KERNEL_ENV}={value!r} is not one of {', '.join(KERNELS)}; measuring",
+              file=sys.stderr)
+        return "measured"
+    return value
+
+
+KERNEL = kernel_setting()
+# The kernels of a trial's passes: one untimed pass on each (first calls allocate, threads
+# wake), then four timed ones each, in an order that puts them at the same mean and median
+# position, so that work growing from pass to pass (a longer cache) favours neither.
+SCHEDULE = (True, False) + (True, False, False, True) * 2  # True: the packed copy
+Bucket = tuple[int, int]  # (rows to the next power of two, threads)
+
+
+def next_power_of_two(n: int) -> int:
+    """1 -> 1, 3 -> 4, 6 -> 8: products whose row counts round to the same number share a
+    kernel choice."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass
+class Trial:
+    """The trial of one bucket: its passes, each from a product of ``anchor`` (the module
+    whose product opened the trial) to the last product before the anchor's next, on the
+    kernels of ``SCHEDULE``, and how long each took."""
+
+    anchor: int  # id() of that module
+    start: float = 0.0  # when the current pass's first product began
+    end: float = 0.0  # when its latest product ended
+    seconds: list[float] = field(default_factory=list)  # the passes so far
+
+    @property
+    def packed(self) -> bool:
+        return SCHEDULE[len(self.seconds)]
 
 
 class KernelChoice:
-    """Which kernel one model's products take, per row count and thread count, and the
-    trials that choose it (``measured_product``). One per model, kept for the process's
-    life, so that generation's scope per call does not measure again."""
+    """Which kernel one model's products take, per bucket, and the trials that choose it
+    (``measured_product``). One per model (``packed_weights`` keeps it as long as the
+    model), so that generation's scope per call does not measure again; a choice is never
+    measured again."""
 
     def __init__(self):
-        self.faster: dict[Rows, bool] = {}  # whether the packed products were the faster
-        self.trials: dict[Rows, dict[tuple, tuple[list[float], list[float]]]] = {}  # seconds
+        self.chosen: dict[Bucket, str] = {}  # "packed" or "blas"
+        self.trials: dict[Bucket, Trial] = {}
+        self.lock = threading.Lock()  # two threads may run one model
+
+    def __deepcopy__(self, memo):  # a copy of a packed model measures anew
+        return KernelChoice()
+
+    def trial_kernel(self, bucket: Bucket, module: object, now: float) -> bool:
+        """Whether this product of ``module``, starting ``now`` in a bucket still on trial, is
+        computed from the packed copy: its pass's kernel. A product of the trial's anchor
+        ends the pass and opens the next; after the last pass of ``SCHEDULE`` the kernel
+        whose timed passes took less time (medians) is chosen."""
+        with self.lock:
+            trial = self.trials.get(bucket)
+            if trial is None:
+                trial = self.trials[bucket] = Trial(anchor=id(module), start=now)
+            elif id(module) == trial.anchor:
+                trial.seconds.append(trial.end - trial.start)
+                trial.start = now
+                if len(trial.seconds) == len(SCHEDULE):
+                    timed = list(zip(SCHEDULE, trial.seconds, strict=True))[2:]  # 2 warm-ups
+                    packed_s, blas_s = (statistics.median(t for k, t in timed if k == kernel)
+                                        for kernel in (True, False))
+                    self.chosen[bucket] = "packed" if packed_s < blas_s else "blas"
+                    del self.trials[bucket]
+                    return self.chosen[bucket] == "packed"
+            return trial.packed
+
+    def product_ended(self, bucket: Bucket, now: float) -> None:
+        with self.lock:
+            trial = self.trials.get(bucket)
+            if trial is not None:
+                trial.end = now
 
 
 _choices: weakref.WeakKeyDictionary[nn.Module, KernelChoice] = weakref.WeakKeyDictionary()
 
 
-def measured_product(choice: KernelChoice | None, key: tuple, x: torch.Tensor,
-                     packed_call: Callable[[], T], blas_call: Callable[[], T]) -> T:
-    """A product of ``x``: ``packed_call()`` from the packed copy or ``blas_call()`` from the
-    plain weight, as ``KERNEL`` says, or when measured, by the kernel that was the faster
-    for this model's products of as many rows (to the next power of two) on as many threads.
+def choice_for(model: nn.Module) -> KernelChoice:
+    """``model``'s ``KernelChoice`` (a fresh one, not kept, for a model that cannot be a
+    weak dictionary's key)."""
+    try:
+        return _choices.setdefault(model, KernelChoice())
+    except TypeError:
+        return KernelChoice()
 
-    All products of such a row count take the same kernel: a step that switches between the
-    two ran slower here than one on either (docs/BENCHMARKS.md). The first products are the
-    trials: each ``key`` (what is computed and the weight's shape) takes turns on the two,
-    timed where it runs, among the model's other work (a kernel timed alone, its weight hot
-    in the cache, can rank otherwise); once every key has ``PROBES`` turns on each, the
-    kernel that would have taken less time for all of them (medians, each key weighted by how
-    often it came) is kept in ``choice``. Without a choice (a module packed on its own, not
-    through ``packed_weights``), the packed copy.
+
+def measured_product(choice: KernelChoice | None, module: object, x: torch.Tensor,
+                     packed_call: Callable[[], T], blas_call: Callable[[], T]) -> T:
+    """A product of ``x`` by ``module``'s weight: ``packed_call()`` from the packed copy or
+    ``blas_call()`` from the plain weight, the two computing the same.
+
+    Which one: ``KERNEL``'s, or when measured, the one ``choice`` holds for products of as
+    many rows (to the next power of two, ``next_power_of_two``) on as many threads: the
+    bucket. All products of a bucket take one kernel, since a step that switched between
+    the two ran slower here than one on either (docs/BENCHMARKS.md, "Which kernel"). Until
+    a bucket has its kernel, its products are its trial: whole passes (from a product of the
+    first module that came, the anchor, to the last product before its next: a decoding
+    step, an encoder pass) on each kernel in turns, timed whole as they run, the model's
+    other work included (a kernel timed alone, its weight hot in the cache, can rank
+    otherwise, and a kernel can slow the work around it), and the kernel whose passes took
+    less time is kept (``KernelChoice.trial_kernel``). Without a choice (a module packed on
+    its own) and inside ``torch.compile``, the packed copy; zero rows, BLAS.
     """
     if KERNEL != "measured" or choice is None or torch.compiler.is_compiling():
         return blas_call() if KERNEL == "blas" else packed_call()
     rows = x.numel() // x.shape[-1]
-    bucket = (1 << max(rows - 1, 0).bit_length(), torch.get_num_threads())
-    faster = choice.faster.get(bucket)
-    if faster is not None:
-        return packed_call() if faster else blas_call()
-    trials = choice.trials.setdefault(bucket, {})
-    packed_times, blas_times = trials.setdefault(key, ([], []))
-    packed_turn = len(packed_times) <= len(blas_times)
-    t0 = time.perf_counter()
-    y = packed_call() if packed_turn else blas_call()
-    (packed_times if packed_turn else blas_times).append(time.perf_counter() - t0)
-    if all(len(b) >= PROBES for _, b in trials.values()):
-        saved = sum((len(p) + len(b)) * (statistics.median(b) - statistics.median(p))
-                    for p, b in trials.values())
-        choice.faster[bucket] = saved > 0
-        choice.trials.pop(bucket, None)
+    if rows == 0:
+        return blas_call()
+    bucket = (next_power_of_two(rows), torch.get_num_threads())
+    chosen = choice.chosen.get(bucket)
+    if chosen is not None:
+        return packed_call() if chosen == "packed" else blas_call()
+    packed = choice.trial_kernel(bucket, module, time.perf_counter())
+    y = packed_call() if packed else blas_call()
+    choice.product_ended(bucket, time.perf_counter())
     return y
 
 
@@ -157,7 +238,7 @@ class Linear(nn.Linear, Packable):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self.packed
         if use_packed(packed, x):
-            return measured_product(self.kernels, ("linear", *self.weight.shape), x,
+            return measured_product(self.kernels, self, x,
                                     lambda: packed_linear(x, packed, self.bias),
                                     lambda: F.linear(x, self.weight, self.bias))  # (..., M)
         return F.linear(x, self.weight, self.bias)  # (..., M)
@@ -208,7 +289,7 @@ def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tens
     (A LoRA wrapper adds its path after the product, before the activation: never fused.)"""
     packed = layer.packed if type(layer) is Linear else None
     if use_packed(packed, x) and (post := fused_activation(act)) is not None:
-        return measured_product(layer.kernels, ("linear", *layer.weight.shape, *post), x,
+        return measured_product(layer.kernels, layer, x,
                                 lambda: packed_linear(x, packed, layer.bias, post),
                                 lambda: act(F.linear(x, layer.weight, layer.bias)))
     return act(layer(x))
@@ -241,10 +322,11 @@ def packed_weights(model: nn.Module):
 
     ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known
     before they come up, and they are skipped (in a nested scope too: the outer copy serves).
-    The products choose their kernel by ``model``'s ``KernelChoice``, kept across scopes.
+    The products choose their kernel by ``model``'s ``KernelChoice``, kept across scopes
+    (a submodule already packed by a scope of its own keeps that scope's).
     """
     packed, served = [], set()
-    choice = _choices.setdefault(model, KernelChoice())
+    choice = choice_for(model)
     try:
         for m in model.modules():
             if not isinstance(m, Packable) or id(m) in served:
