@@ -145,9 +145,20 @@ def test_a_pass_is_timed_whole_with_the_work_between_its_products(measured):
     calls = (timed_calls(measured, "packed", 0.0), timed_calls(measured, "blas", 0.002))
     for _ in range(TRIAL_PASSES + 1):
         linear_mod.measured_product(choice, first, x, *calls)
-        time.sleep(0.008 if measured[-1] == "packed" else 0.0)  # the work in between
+        time.sleep(0.02 if measured[-1] == "packed" else 0.0)  # the work in between
         linear_mod.measured_product(choice, second, x, *calls)
     assert choice.chosen == {(1, torch.get_num_threads()): "blas"}
+
+
+def test_a_trial_whose_anchor_stops_computing_starts_again(measured, monkeypatch):
+    # the module that opened the trial computes no more (a LoRA merge put the stacked q, k, v
+    # in its place): the trial starts again from the module that does
+    monkeypatch.setattr(linear_mod, "MAX_PASS_PRODUCTS", 5)
+    choice, gone, stays = linear_mod.KernelChoice(), object(), object()
+    calls = (timed_calls(measured, "packed", 0.002), timed_calls(measured, "blas", 0.0))
+    run_passes(choice, {gone: calls, stays: calls}, 2)
+    run_passes(choice, {stays: calls}, 5 + TRIAL_PASSES + 1)
+    assert choice.chosen == {(1, torch.get_num_threads()): "blas"} and not choice.trials
 
 
 def test_thread_count_and_zero_rows(measured, monkeypatch):

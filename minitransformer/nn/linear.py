@@ -102,6 +102,9 @@ KERNEL = kernel_setting()
 # position, so that work growing from pass to pass (a longer cache) favours neither.
 SCHEDULE = (True, False) + (True, False, False, True) * 2  # True: the packed copy
 Bucket = tuple[int, int]  # (rows to the next power of two, threads)
+# Products in one pass past which its anchor is taken to have stopped computing (a LoRA merge
+# can put another module in its place); the trial starts again from the current module.
+MAX_PASS_PRODUCTS = 4096
 
 
 def next_power_of_two(n: int) -> int:
@@ -119,6 +122,7 @@ class Trial:
     anchor: int  # id() of that module
     start: float = 0.0  # when the current pass's first product began
     end: float = 0.0  # when its latest product ended
+    products: int = 0  # in the current pass
     seconds: list[float] = field(default_factory=list)  # the passes so far
 
     @property
@@ -140,18 +144,21 @@ class KernelChoice:
     def __deepcopy__(self, memo):  # a copy of a packed model measures anew
         return KernelChoice()
 
-    def trial_kernel(self, bucket: Bucket, module: object, now: float) -> bool:
-        """Whether this product of ``module``, starting ``now`` in a bucket still on trial, is
+    def trial_kernel(self, bucket: Bucket, module: object) -> bool:
+        """Whether this product of ``module``, about to start in a bucket on trial, is
         computed from the packed copy: its pass's kernel. A product of the trial's anchor
         ends the pass and opens the next; after the last pass of ``SCHEDULE`` the kernel
         whose timed passes took less time (medians) is chosen."""
         with self.lock:
+            if bucket in self.chosen:  # chosen meanwhile, on another thread
+                return self.chosen[bucket] == "packed"
+            now = time.perf_counter()
             trial = self.trials.get(bucket)
-            if trial is None:
+            if trial is None or trial.products >= MAX_PASS_PRODUCTS:
                 trial = self.trials[bucket] = Trial(anchor=id(module), start=now)
             elif id(module) == trial.anchor:
-                trial.seconds.append(trial.end - trial.start)
-                trial.start = now
+                trial.seconds.append(max(trial.end - trial.start, 0.0))
+                trial.start, trial.products = now, 0
                 if len(trial.seconds) == len(SCHEDULE):
                     timed = list(zip(SCHEDULE, trial.seconds, strict=True))[2:]  # 2 warm-ups
                     packed_s, blas_s = (statistics.median(t for k, t in timed if k == kernel)
@@ -159,13 +166,14 @@ class KernelChoice:
                     self.chosen[bucket] = "packed" if packed_s < blas_s else "blas"
                     del self.trials[bucket]
                     return self.chosen[bucket] == "packed"
+            trial.products += 1
             return trial.packed
 
-    def product_ended(self, bucket: Bucket, now: float) -> None:
+    def product_ended(self, bucket: Bucket) -> None:
         with self.lock:
             trial = self.trials.get(bucket)
             if trial is not None:
-                trial.end = now
+                trial.end = time.perf_counter()
 
 
 _choices: weakref.WeakKeyDictionary[nn.Module, KernelChoice] = weakref.WeakKeyDictionary()
@@ -206,9 +214,9 @@ def measured_product(choice: KernelChoice | None, module: object, x: torch.Tenso
     chosen = choice.chosen.get(bucket)
     if chosen is not None:
         return packed_call() if chosen == "packed" else blas_call()
-    packed = choice.trial_kernel(bucket, module, time.perf_counter())
+    packed = choice.trial_kernel(bucket, module)
     y = packed_call() if packed else blas_call()
-    choice.product_ended(bucket, time.perf_counter())
+    choice.product_ended(bucket)
     return y
 
 
