@@ -186,7 +186,8 @@ def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("value,kernel", [("blas", "blas"), ("packed", "packed"),
-                                          (None, "measured"), ("fast", "measured")])
+                                          (None, "measured"), ("", "measured"),
+                                          ("fast", "measured")])
 def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
     if value is None:
         monkeypatch.delenv(linear_mod.KERNEL_ENV, raising=False)

@@ -86,9 +86,9 @@ KERNEL_ENV = "MINITRANSFORMER_KERNEL"
 
 
 def kernel_setting() -> str:
-    """``KERNEL`` from the environment; a value that is not one of ``KERNELS`` is said on
-    stderr and the measured choice is used."""
-    value = os.environ.get(KERNEL_ENV, "measured")
+    """``KERNEL`` from the environment (unset or empty: measured); a value that is not one
+    of ``KERNELS`` is said on stderr and the measured choice is used."""
+    value = os.environ.get(KERNEL_ENV) or "measured"
     if value not in KERNELS:
         print(f"note: {KERNEL_ENV}={value!r} is not one of {', '.join(KERNELS)}; measuring",
               file=sys.stderr)
