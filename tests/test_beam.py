@@ -209,3 +209,21 @@ def test_min_len_without_max_len_raises_the_default_within_the_positions():
     for decode in (greedy_decode, lambda *a, **k: beam_search(*a, beam_size=2, **k)):
         with pytest.raises(ValueError, match="past the learned position table"):
             decode(learned, src, max_len=32)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_without_max_len_each_sentence_has_its_own_limit(beam):
+    # a translation must not depend on the sentences batched with it
+    model = make_model(seed=3)
+    with torch.no_grad():  # </s> (logit 0) is never the likeliest: translations run long
+        model.tok_emb.weight[EOS] = 0.0
+    rows = [[5, 6, EOS], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 4, 5, 6, 7, EOS]]
+
+    def decode(src):
+        return (greedy_decode(model, src) if beam == 1 else beam_search(model, src, beam)).tokens
+
+    together = decode(pad_batch(rows, PAD))
+    alone = [decode(pad_batch([row], PAD))[0] for row in rows]
+    assert together == alone
+    if beam == 1:  # the short one stops at its own limit, 1.5 x 3 + 10, not the long one's 32
+        assert [len(t) for t in together] == [14, 32]

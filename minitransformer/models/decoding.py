@@ -7,9 +7,11 @@ every step recomputes the whole prefix (same result, slower; the tests hold them
 
 Rules shared by both, so that beam size 1 is exactly greedy search:
 - <pad> and <s> are never produced; after ``max_len`` tokens the only choice is </s>, so every
-  translation ends with </s> and is scored with its probability. Before ``min_len`` tokens
-  </s> is never produced (``max_len`` wins where they clash), so ``min_len = max_len`` makes
-  every translation exactly that long (for benchmarks that need equal work).
+  translation ends with </s> and is scored with its probability. Without ``max_len`` each
+  sentence has its own limit, 1.5 x its source + 10 tokens, so a translation never depends on
+  the sentences batched with it. Before ``min_len`` tokens </s> is never produced (the limit
+  wins where they clash), so ``min_len = max_len`` makes every translation exactly that long
+  (for benchmarks that need equal work).
 - A translation's score is log P(y_1 .. y_n </s> | x) / lp(n + 1), with GNMT's length penalty
   lp(L) = ((5 + L) / 6) ** alpha (Wu et al. 2016; the paper used alpha = 0.6, beam 4);
   alpha = 0 scores by log-probability alone.
@@ -40,25 +42,27 @@ class Decoded:
     scores: list[float]
 
 
-def default_max_len(model, src: torch.Tensor, min_len: int = 0) -> int:
-    """1.5 x the longest source + 10 tokens, or ``min_len`` if that is more, within the
-    learned position table if there is one (``longest_output``)."""
-    longest = int((src != model.config.pad_id).sum(dim=1).max()) if src.numel() else 0
-    max_len = max(longest * 3 // 2 + 10, min_len)
+def default_max_len(model, src: torch.Tensor, min_len: int = 0) -> torch.Tensor:
+    """Each sentence's limit: 1.5 x its source + 10 tokens, or ``min_len`` if that is more,
+    within the learned position table if there is one (``longest_output``); (B,)."""
+    lengths = (src != model.config.pad_id).sum(dim=1)  # (B,)
+    limits = (lengths * 3 // 2 + 10).clamp(min=min_len)
     limit = longest_output(model)
-    return max_len if limit is None else min(max_len, limit)
+    return limits if limit is None else limits.clamp(max=limit)
 
 
-def output_limit(model, src: torch.Tensor, max_len: int | None, min_len: int = 0) -> int:
-    """``max_len``, or the default when None; one past the learned position table is a
-    ValueError (the command line checks it first, as a user error)."""
+def output_limit(model, src: torch.Tensor, max_len: int | None,
+                 min_len: int = 0) -> torch.Tensor:
+    """The most tokens each sentence's translation may have, (B,): ``max_len`` for all, or
+    the default when None; one past the learned position table is a ValueError (the command
+    line checks it first, as a user error)."""
     if max_len is None:
         return default_max_len(model, src, min_len)
     limit = longest_output(model)
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len {max_len} is past the learned position table: at most "
                          f"{limit} tokens")
-    return max_len
+    return torch.full((src.shape[0],), max_len, dtype=torch.long, device=src.device)
 
 
 def longest_output(model) -> int | None:
@@ -79,20 +83,22 @@ def length_penalty_factor(length: int, alpha: float) -> float:
 
 
 def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                   cache, step: int, max_len: int, min_len: int = 0) -> torch.Tensor:
-    """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied."""
+                   cache, step: int, limits: torch.Tensor, min_len: int = 0) -> torch.Tensor:
+    """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied;
+    ``limits`` (N,): each row's most tokens."""
     c = model.config
     if cache is not None:
         logits, _ = model.decode(tokens[:, -1:], memory, src_mask, cache)  # (N, 1, V)
     else:
         logits, _ = model.decode(tokens, memory, src_mask)  # (N, T, V)
     logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
-    if step >= max_len:  # out of room: only </s> may follow
+    full = step >= limits  # (N,) out of room: only </s> may follow
+    if bool(full.any()):
         eos = logp[:, c.eos_id].clone()
-        logp.fill_(float("-inf"))
-        logp[:, c.eos_id] = eos
-    elif step < min_len:  # too short yet: anything but </s>
-        logp[:, c.eos_id] = float("-inf")
+        logp[full] = float("-inf")
+        logp[full, c.eos_id] = eos[full]
+    if step < min_len:  # too short yet: anything but </s>, where there is room
+        logp[~full, c.eos_id] = float("-inf")
     logp[:, c.pad_id] = float("-inf")
     logp[:, c.bos_id] = float("-inf")
     return logp
@@ -119,7 +125,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     c = model.config
     with inference_scope(model, use_cache):
         b = src.shape[0]
-        max_len = output_limit(model, src, max_len, min_len)
+        limits = output_limit(model, src, max_len, min_len)  # (B,)
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -127,8 +133,8 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
         out: list[list[int]] = [[] for _ in range(b)]
         scores = [0.0] * b
-        for step in range(max_len + 1):
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len,
+        for step in range(int(limits.max()) + 1 if b else 0):
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, limits,
                                   min_len)
             best, nxt = logp.max(dim=-1)  # (N,), (N,)
             total = total + best
@@ -142,7 +148,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
             keep = (~done).nonzero().flatten()  # (N',)
             if keep.numel() == 0:
                 break
-            tokens, alive, total = tokens[keep], alive[keep], total[keep]
+            tokens, alive, total, limits = tokens[keep], alive[keep], total[keep], limits[keep]
             memory, src_mask = memory[keep], src_mask[keep]
             _select_rows(keep, cache, keep)
         return Decoded(out, scores)
@@ -162,7 +168,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         raise ValueError(f"beam size must be at least 1, got {k}")
     with inference_scope(model, use_cache):
         b, dev = src.shape[0], src.device
-        max_len = output_limit(model, src, max_len, min_len)
+        limits = output_limit(model, src, max_len, min_len)  # (B,) per sentence
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
@@ -178,10 +184,10 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         n_done = torch.zeros(b, dtype=torch.long, device=dev)  # finished translations so far
         best = torch.full((b,), float("-inf"), device=dev)  # best finished score
         out: list[list[int]] = [[] for _ in range(b)]
-        for step in range(max_len + 1):
+        for step in range(int(limits.max()) + 1 if b else 0):
             n = alive.numel()
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, max_len,
-                                  min_len)
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step,
+                                  limits[alive].repeat_interleave(k), min_len)
             v = logp.shape[-1]
             cand = (scores.reshape(-1, 1) + logp).view(n, k * v)  # (n, K*V) extended prefixes
             width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
@@ -201,7 +207,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                     row = i * k + int(origin[i, which[i]])
                     best[alive[i]] = cand_best[i]
                     out[int(alive[i])] = tokens[row, 1:].tolist()
-            if step == max_len:
+            if step >= int(limits[alive].max()):  # every live sentence is out of room
                 break
 
             # The best K extensions that do not end the sentence form the next beam.
