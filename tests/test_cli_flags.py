@@ -102,6 +102,8 @@ def test_aliases_people_bring_from_other_tools():
     (["train", "--out", "o", "--bias", "maybe"], ["true or false"]),
     (["train", "--out", "o", "--pos_encoding", "spiral"], ["invalid choice"]),
     (["sample", "d", "--max_new_tokens", "0"], ["must be positive"]),
+    (["train", "--out", "o", "--set", "n_embd=256", "n_head=4"],  # another tool's spelling
+     ["did you mean: --n_embd 256, --n_head 4?"]),
 ])
 def test_argparse_errors_are_one_line_with_a_pointer_to_help(argv, words, capsys):
     assert main(argv) == 2

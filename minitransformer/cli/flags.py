@@ -186,8 +186,8 @@ def add_which(parser: argparse.ArgumentParser) -> None:
 
 def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
     parser.add_argument("--device", default=default, choices=DEVICES,
-                        help=f"where to run: auto picks cuda, then mps, then cpu (default "
-                             f"{default})")
+                        help=f"where to run (default {default}); auto: cuda if there is one, "
+                             f"else mps, else cpu")
 
 
 def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
@@ -212,7 +212,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
                    help=f"GNMT length penalty alpha for beam search, 0 = off, at most "
                         f"{MAX_LENGTH_PENALTY:g} (default 0.6, as in the paper)")
     g.add_argument("--max_len", type=positive_int, default=None,
-                   help="longest translation in tokens (default 1.5 x source + 10)")
+                   help="longest translation in tokens (default 1.5 x each sentence's source + 10)")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -281,7 +281,13 @@ class Parser(argparse.ArgumentParser):
         known = [s for a in self._actions for s in a.option_strings] + list(ALIASES)
         for sub in self._subcommands().values():  # flags of the subcommands too
             known += [s for b in sub._actions for s in b.option_strings]
-        words = [w for w in message.split(":", 1)[1].split() if w.startswith("--")]
+        given = message.split(":", 1)[1].split()
+        # NAME=VALUE after a flag of another tool's (--set n_embd=256): the field's own flag
+        settings = [f"--{w.split('=', 1)[0]} {w.split('=', 1)[1]}" for w in given
+                    if "=" in w and not w.startswith("-") and "--" + w.split("=")[0] in known]
+        if settings:
+            return f" (did you mean: {', '.join(settings)}?)"
+        words = [w for w in given if w.startswith("--")]
         hints = [difflib.get_close_matches("--" + w.split("=")[0][2:].replace("-", "_"), known,
                                            n=1) for w in words]
         hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints, strict=True) if h]
