@@ -283,8 +283,8 @@ class Parser(argparse.ArgumentParser):
             known += [s for b in sub._actions for s in b.option_strings]
         given = message.split(":", 1)[1].split()
         # NAME=VALUE after a flag of another tool's (--set n_embd=256): the field's own flag
-        settings = [f"--{w.split('=', 1)[0]} {w.split('=', 1)[1]}" for w in given
-                    if "=" in w and not w.startswith("-") and "--" + w.split("=")[0] in known]
+        pairs = [w.partition("=") for w in given if "=" in w and not w.startswith("-")]
+        settings = [f"--{name} {value}" for name, _, value in pairs if f"--{name}" in known]
         if settings:
             return f" (did you mean: {', '.join(settings)}?)"
         words = [w for w in given if w.startswith("--")]
