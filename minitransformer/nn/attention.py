@@ -95,10 +95,16 @@ class KVCache:
     Self-attention appends the new position's k, v each step; cross-attention fills it once
     from the encoder output. Storage grows by doubling, so each step writes only the new
     slice instead of re-concatenating the whole history.
+
+    The storage is laid out (B, capacity, nkv, hs), position-major as the projections
+    produce it: appending a position writes one contiguous run per row (in the head-major
+    layout (B, nkv, capacity, hs) it is nkv runs scattered a capacity apart, a cache miss
+    each), and the cross-attention keys are kept as projected, without a copy (``fill``).
+    ``k`` and ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are.
     """
 
     def __init__(self):
-        self._k: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None  # (B, capacity, nkv, hs)
         self._v: torch.Tensor | None = None
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
         self.length = 0
@@ -106,27 +112,37 @@ class KVCache:
 
     @property
     def k(self) -> torch.Tensor | None:
-        return None if self._k is None else self._k[:, :, : self.length]
+        """The cached keys (B, nkv, length, hs), a view."""
+        return None if self._k is None else self._k[:, : self.length].transpose(1, 2)
 
     @property
     def v(self) -> torch.Tensor | None:
-        return None if self._v is None else self._v[:, :, : self.length]
+        """The cached values (B, nkv, length, hs), a view."""
+        return None if self._v is None else self._v[:, : self.length].transpose(1, 2)
 
     def update(self, k: torch.Tensor, v: torch.Tensor):
         """Append k, v of shape (B, nkv, T, hs); return all cached (B, nkv, length, hs)."""
         t0, t1 = self.length, self.length + k.shape[-2]
-        if self._k is None or t1 > self._k.shape[-2]:
-            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[-2]), 64)
-            new_k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
-            new_v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+        if self._k is None or t1 > self._k.shape[1]:
+            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[1]), 64)
+            b, nkv, _, hs = k.shape
+            new_k, new_v = k.new_empty(b, cap, nkv, hs), v.new_empty(b, cap, nkv, hs)
             if self._k is not None:
-                new_k[:, :, :t0] = self._k[:, :, :t0]
-                new_v[:, :, :t0] = self._v[:, :, :t0]
+                new_k[:, :t0] = self._k[:, :t0]
+                new_v[:, :t0] = self._v[:, :t0]
             self._k, self._v = new_k, new_v
-        self._k[:, :, t0:t1] = k
-        self._v[:, :, t0:t1] = v
+        self._k[:, t0:t1] = k.transpose(1, 2)  # (B, T, nkv, hs)
+        self._v[:, t0:t1] = v.transpose(1, 2)
         self.length = t1
         return self.k, self.v
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep k, v (B, nkv, T, hs) as the whole of an empty cache, without copying them
+        (cross-attention's keys of the source, which are never appended to)."""
+        if self._k is not None:
+            raise ValueError("fill is for an empty cache")
+        self._k, self._v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, nkv, hs) views
+        self.length = k.shape[-2]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): index (B',). Beam search reorders every step, so
@@ -134,15 +150,15 @@ class KVCache:
         the previous reorder (no fresh allocation each step), and the two buffers swap."""
         if self._k is None:
             return
-        shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
+        shape = (len(index), *self._k.shape[1:])  # (B', capacity, nkv, hs)
         spare = self._spare
         if spare is None or spare[0].shape != shape or spare[0].dtype != self._k.dtype:
             spare = (self._k.new_empty(shape), self._v.new_empty(shape))
         n = self.length  # only the filled positions are copied
-        torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
-        torch.index_select(self._v[:, :, :n], 0, index, out=spare[1][:, :, :n])
+        torch.index_select(self._k[:, :n], 0, index, out=spare[0][:, :n])
+        torch.index_select(self._v[:, :n], 0, index, out=spare[1][:, :n])
         self._spare = (self._k, self._v)
-        self._k, self._v = spare  # (B', nkv, capacity, hs)
+        self._k, self._v = spare  # (B', capacity, nkv, hs)
 
     def drop_front(self, n: int, rekey=None) -> None:
         """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
@@ -152,9 +168,10 @@ class KVCache:
             return
         keep = max(self.length - n, 0)
         if keep:
-            k = self._k[:, :, n: self.length]  # (B, nh, keep, hs)
-            self._k[:, :, :keep] = rekey(k) if rekey is not None else k.clone()
-            self._v[:, :, :keep] = self._v[:, :, n: self.length].clone()
+            k = self._k[:, n: self.length]  # (B, keep, nkv, hs)
+            self._k[:, :keep] = rekey(k.transpose(1, 2)).transpose(1, 2) \
+                if rekey is not None else k.clone()
+            self._v[:, :keep] = self._v[:, n: self.length].clone()
         self.length = keep
 
 
@@ -215,7 +232,7 @@ class MultiHeadAttention(nn.Module, Packable):
         g beams of a sentence as g queries of one attention over its keys, which are read
         once instead of once per beam (the mask is then per sentence, (B, 1, 1, Tk))."""
         k, v = self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
-        cache.update(k, v)
+        cache.fill(k, v)
         cache.group = group
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -323,7 +340,9 @@ class MultiHeadAttention(nn.Module, Packable):
         else:
             k, v = (self.keys_values(context, offset=0, rotate=False) if cross else
                     self.keys_values(x, past, positions=positions, projected=(k_lin, v_lin)))
-            if cache is not None:
+            if cache is not None and cross:  # the source's keys, kept as projected
+                cache.fill(k, v)
+            elif cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)
         t_k = k.shape[-2]
