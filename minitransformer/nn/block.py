@@ -22,8 +22,10 @@ from torch import nn
 
 from .attention import AttnImpl, KVCache, MultiHeadAttention
 from .feedforward import Activation, make_feedforward
+from .linear import Packable, drop_attribute
 from .norm import Norm, make_norm
 from .positional import ALiBi, PosEncoding, RotaryEmbedding
+from .step import StepPlan, applies
 
 NormPosition = Literal["pre", "post"]
 
@@ -100,9 +102,14 @@ class EncoderBlock(nn.Module):
         return x, w
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(nn.Module, Packable):
     """Implements one decoder layer: masked self-attention, cross-attention to the encoder
-    output (optional: a decoder-only GPT has none), feed-forward; each with residual + norm."""
+    output (optional: a decoder-only GPT has none), feed-forward; each with residual + norm.
+
+    Inside ``packed_weights`` a cached one-token step runs through the block's ``StepPlan``
+    (``nn/step.py``), the same computation with less Python, where every part is plain."""
+
+    step_plan: StepPlan | None = None  # ``pack_weights``
 
     def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0,
                  bias: bool = True, activation: Activation = "relu",
@@ -134,6 +141,9 @@ class DecoderBlock(nn.Module):
         positions: (B, Tq) per-row positions for RoPE (a left-padded batch), or None.
         Returns (x, self-attention weights, cross-attention weights).
         """
+        plan = self.step_plan
+        if plan is not None and applies(self, x, cache, need_weights, positions, self_mask):
+            return plan.run(x, memory, memory_mask, cache), None, None  # the fast path
         self_cache, cross_cache = cache if cache is not None else (None, None)
         x, w_self = self.res_self(x, lambda h: self.self_attn(
             h, mask=self_mask, cache=self_cache, need_weights=need_weights,
@@ -147,6 +157,16 @@ class DecoderBlock(nn.Module):
                 cache=cross_cache, need_weights=need_weights))
         x, _ = self.res_ffn(x, _ffn_sublayer(self.ffn))  # (B, Tq, C)
         return x, w_self, w_cross
+
+    def pack_weights(self) -> bool:
+        """Keep the ``StepPlan`` (its parts' own copies are theirs to take)."""
+        if self.step_plan is not None:
+            return False
+        self.step_plan = StepPlan.of(self)
+        return self.step_plan is not None
+
+    def unpack_weights(self) -> None:
+        drop_attribute(self, "step_plan")
 
 
 def relative_positions(pos_encoding: PosEncoding, n_head: int, head_size: int, max_len: int,

@@ -1,0 +1,204 @@
+"""A decoder block's one-token decoding step, flattened: the fast path beside the modules.
+
+Cached decoding feeds each ``DecoderBlock`` one new position per row per step. Through the
+modules (residual wrappers, attention, projections, norms) that is about twenty module calls
+and a few hundred lines of Python per block, and at a small model's sizes that Python, not
+the arithmetic, is much of a step. It also costs far more there than in a loop of its own:
+each step streams the weights and the cached keys through the CPU's caches, which evicts
+the interpreter's own code and objects, so every line pays its misses again
+(docs/BENCHMARKS.md, "Translation speed").
+
+So inside ``packed_weights`` a block whose parts are all plain keeps a ``StepPlan``: its
+parameters gathered once, and ``run``, which computes the same step as ``DecoderBlock.forward``
+from them, with torch.nn.functional calls alone:
+
+    h = x (Post-LN) or Norm_1(x) (Pre-LN)
+    q, k, v = h W^Q, h W^K, h W^V        k, v appended to the self-attention cache
+    x <- x + Attention(q, K, V) W^O      (then Norm_1 for Post-LN)
+    the same with the source's cached keys for cross-attention, then the FFN
+
+Where it does not apply, the modules compute the step (their path is the reference; tests
+hold the two equal): a part that is not plain (LoRA on a projection, ``attn_impl=
+"reference"``, RMSNorm's reference formula, an FFN of another kind), and a call that is not
+one new position per row (prefill, left-padded rows with their own positions, attention
+weights asked for, training, gradients, other dtypes than fp32, a device other than the
+CPU). RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules.
+A projection with a packed copy takes it through its module (``nn.linear``), as before.
+
+Shapes: B rows, C channels, nh heads, nkv key/value heads, hs head size, T cached positions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import KVCache, MultiHeadAttention, ungroup
+from .feedforward import FeedForward, SwiGLU
+from .linear import Linear, linear_then, use_packed
+from .norm import RMSNorm
+
+
+def projection(layer: Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x W^T + b for one step: the plain weight read directly, or the module where it
+    holds a packed copy (which then picks its kernel, ``nn.linear``)."""
+    if layer.packed is not None:
+        return layer
+    return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
+
+
+def plain_norm(norm: nn.Module) -> bool:
+    return type(norm) is nn.LayerNorm or (type(norm) is RMSNorm and not norm.reference)
+
+
+def normalization(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> ``norm(x)`` for a ``plain_norm`` (fp32: RMSNorm's fused op), without the module."""
+    if type(norm) is nn.LayerNorm:
+        return functools.partial(torch.layer_norm, normalized_shape=norm.normalized_shape,
+                                 weight=norm.weight, bias=norm.bias, eps=norm.eps)
+    return functools.partial(torch.rms_norm, normalized_shape=(norm.d,), weight=norm.weight,
+                             eps=norm.eps)
+
+
+def plain_attention(attn: MultiHeadAttention) -> bool:
+    """Attention the step computes: the fused kernel allowed, plain projections."""
+    return attn.attn_impl != "reference" and all(
+        type(p) is Linear for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj))
+
+
+def plain_feedforward(ffn: nn.Module) -> bool:
+    layers = (ffn.fc, ffn.proj) + ((ffn.gate,) if type(ffn) is SwiGLU else ())
+    return type(ffn) in (FeedForward, SwiGLU) and all(type(p) is Linear for p in layers)
+
+
+def applies(block: nn.Module, x: torch.Tensor, cache, need_weights: bool, positions,
+            self_mask) -> bool:
+    """Whether this call of ``block`` is a cached one-token step a plan computes (see the
+    module docstring)."""
+    return (cache is not None and x.shape[1] == 1 and not need_weights and positions is None
+            and self_mask is None and not block.training and use_packed(True, x))
+
+
+class StepPlan:
+    """One ``DecoderBlock``'s step, ``run``: its parts gathered at the first step of a scope
+    (when every packed copy is in place), so that a step looks nothing up again."""
+
+    def __init__(self, block):
+        self.block = block
+        self.parts: tuple | None = None
+
+    @staticmethod
+    def of(block) -> StepPlan | None:
+        """The plan for ``block``, or None where some part of it is not plain."""
+        attns = [block.self_attn] + ([block.cross_attn] if block.cross_attn is not None else [])
+        norms = [r.norm for r in residuals(block)]
+        if all(plain_attention(a) for a in attns) and all(plain_norm(n) for n in norms) \
+                and plain_feedforward(block.ffn):
+            return StepPlan(block)
+        return None
+
+    def gather(self) -> tuple:
+        block = self.block
+        sa, ca, ffn = block.self_attn, block.cross_attn, block.ffn
+        qkv = sa.project_self if sa.packed_qkv is not None else \
+            tuple(projection(p) for p in (sa.q_proj, sa.k_proj, sa.v_proj))
+        attend_self = (qkv, projection(sa.out_proj), sa)
+        attend_source = None if ca is None else \
+            (projection(ca.q_proj), projection(ca.out_proj), ca)
+        if type(ffn) is SwiGLU:
+            inner = (projection(ffn.gate), projection(ffn.fc), F.silu)
+        elif ffn.fc.packed is not None:  # the packed copy, with the activation fused in
+            inner = (functools.partial(linear_then, ffn.fc, act=ffn.act), None, None)
+        else:
+            act = F.relu if type(ffn.act) is nn.ReLU else ffn.act
+            inner = (projection(ffn.fc), None, act)
+        norms = tuple(normalization(r.norm) for r in residuals(block))
+        return (block.res_self.pre, norms, attend_self, attend_source,
+                (inner, projection(ffn.proj)))
+
+    def run(self, x: torch.Tensor, memory: torch.Tensor | None,
+            memory_mask: torch.Tensor | None, cache: tuple[KVCache, KVCache]) -> torch.Tensor:
+        """One step: x (B, 1, C) -> (B, 1, C); the self-attention cache gains a position."""
+        if self.parts is None:
+            self.parts = self.gather()
+        pre, norms, attend_self, attend_source, ffn = self.parts
+        self_cache, cross_cache = cache
+        h = norms[0](x) if pre else x
+        y = self_attention(h, self_cache, *attend_self)
+        x = x + y if pre else norms[0](x + y)
+        if attend_source is not None:
+            h = norms[1](x) if pre else x
+            y = cross_attention(h, memory, memory_mask, cross_cache, *attend_source)
+            x = x + y if pre else norms[1](x + y)
+        h = norms[-1](x) if pre else x
+        y = feed_forward(h, *ffn)
+        return x + y if pre else norms[-1](x + y)  # (B, 1, C)
+
+
+def residuals(block) -> list[nn.Module]:
+    """The block's residual sublayers in order: self-attention, (cross-attention,) FFN."""
+    return [block.res_self] + ([block.res_cross] if block.cross_attn is not None else []) \
+        + [block.res_ffn]
+
+
+def self_attention(h: torch.Tensor, cache: KVCache, qkv, out,
+                   attn: MultiHeadAttention) -> torch.Tensor:
+    """Masked self-attention of the newest position (it may see every cached key): (B, 1, C).
+    QK-norm, RoPE (at the cache's length) and ALiBi where ``attn`` has them."""
+    b, _, c = h.shape
+    nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_size
+    q, k, v = qkv(h) if callable(qkv) else (p(h) for p in qkv)  # (B, 1, width) each
+    q = q.view(b, 1, nh, hs).transpose(1, 2)  # (B, nh, 1, hs)
+    k = k.view(b, 1, nkv, hs).transpose(1, 2)  # (B, nkv, 1, hs)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn.rope is not None:
+        q, k = attn.rope(q, offset=cache.length), attn.rope(k, offset=cache.length)
+    keys, values = cache.update(k, v.view(b, 1, nkv, hs).transpose(1, 2))  # (B, nkv, T, hs)
+    if nkv != nh:
+        keys, values = attn.expand_kv(keys), attn.expand_kv(values)  # (B, nh, T, hs)
+    bias = None
+    if attn.alibi is not None:
+        t = keys.shape[-2]
+        bias = attn.alibi(1, t, offset=t - 1).to(q.dtype)  # (nh, 1, T)
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (B, nh, 1, hs)
+    return out(y.transpose(1, 2).reshape(b, 1, c))  # (B, 1, C)
+
+
+def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
+                    memory_mask: torch.Tensor | None, cache: KVCache, query, out,
+                    attn: MultiHeadAttention) -> torch.Tensor:
+    """Attention to the source, whose keys are projected once (the first step): (B, 1, C)."""
+    if not cache.length:
+        if memory is None:
+            raise ValueError("this decoder block has cross-attention: pass memory")
+        attn.fill_cache(cache, memory)
+    b, _, c = h.shape
+    nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_size
+    g = cache.group
+    q = query(h).view(b, 1, nh, hs).transpose(1, 2)  # (B, nh, 1, hs)
+    if attn.q_norm is not None:
+        q = attn.q_norm(q)
+    if g > 1:  # a sentence's beams as the queries of one attention: (B/g, nh, g, hs)
+        q = q.reshape(-1, g, nh, 1, hs).transpose(1, 2).reshape(-1, nh, g, hs)
+    keys, values = cache.k, cache.v  # (B/g, nkv, S, hs)
+    if nkv != nh:
+        keys, values = attn.expand_kv(keys), attn.expand_kv(values)
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=memory_mask)
+    if g > 1:
+        y = ungroup(y, g, 1)  # (B, nh, 1, hs)
+    return out(y.transpose(1, 2).reshape(b, 1, c))  # (B, 1, C)
+
+
+def feed_forward(h: torch.Tensor, inner, proj) -> torch.Tensor:
+    """FFN(h) = act(h W1 + b1) W2 + b2, or SwiGLU's (SiLU(h W_gate) * h W1) W2: (B, 1, C)."""
+    first, second, act = inner
+    if second is not None:  # SwiGLU
+        g = act(first(h)) * second(h)
+    else:
+        g = first(h) if act is None else act(first(h))  # (B, 1, F)
+    return proj(g)

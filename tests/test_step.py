@@ -1,0 +1,124 @@
+"""The flattened one-token step (nn/step.py) against the modules' path it stands beside."""
+
+import pytest
+import torch
+
+from minitransformer.nn import linear as linear_mod
+from minitransformer.nn import step as step_mod
+from minitransformer.nn.attention import KVCache
+from minitransformer.nn.block import DecoderBlock
+from minitransformer.nn.positional import ALiBi, RotaryEmbedding
+from minitransformer.training.lora import Lora, LoraConfig
+
+C, NH, FF = 32, 4, 64
+
+
+@pytest.fixture
+def plan_runs(monkeypatch):
+    """Counts the steps the plan computed."""
+    runs = []
+    original = step_mod.StepPlan.run
+
+    def run(self, *args):
+        runs.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(step_mod.StepPlan, "run", run)
+    return runs
+
+
+def make_block(seed=0, pos=None, **kw):
+    torch.manual_seed(seed)
+    positions = dict(rope=RotaryEmbedding(C // NH, max_len=64)) if pos == "rope" else \
+        dict(alibi=ALiBi(NH)) if pos == "alibi" else {}
+    block = DecoderBlock(C, NH, FF, **positions, **kw).eval()
+    with torch.no_grad():  # LayerNorm starts at g = 1, b = 0: make them count
+        for name, p in block.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return block
+
+
+def decode(block, xs, memory=None, mask=None, group=1):
+    """Feed xs (B, T, C) one position per call through a fresh cache: (B, T, C)."""
+    cache = (KVCache(), KVCache())
+    if group > 1:
+        block.cross_attn.fill_cache(cache[1], memory, group=group)
+    with torch.inference_mode():
+        return torch.cat([block(xs[:, t:t + 1], memory, None, mask, cache)[0]
+                          for t in range(xs.shape[1])], dim=1)
+
+
+def source(b=3, s=5):
+    g = torch.Generator().manual_seed(1)
+    memory = torch.randn(b, s, C, generator=g)
+    mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    mask[0, ..., -2:] = False  # a padded sentence
+    return memory, mask
+
+
+VARIANTS = [dict(), dict(norm_position="pre"), dict(norm="rmsnorm", norm_position="pre"),
+            dict(activation="gelu"), dict(activation="swiglu", bias=False),
+            dict(n_kv_head=2), dict(qk_norm=True), dict(pos="rope"), dict(pos="alibi"),
+            dict(cross_attention=False, norm_position="pre", pos="rope", n_kv_head=1)]
+
+
+@pytest.mark.parametrize("kernel", ["packed", "blas"])
+@pytest.mark.parametrize("kw", VARIANTS)
+def test_the_step_equals_the_modules(monkeypatch, plan_runs, kw, kernel):
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)  # packed copies take part too
+    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    block = make_block(**kw)
+    memory, mask = source() if block.cross_attn is not None else (None, None)
+    xs = torch.randn(3, 6, C)
+    ref = decode(block, xs, memory, mask)  # outside the scope: the modules
+    assert not plan_runs
+    with linear_mod.packed_weights(block):
+        assert block.step_plan is not None
+        y = decode(block, xs, memory, mask)
+    assert len(plan_runs) == 6
+    assert "step_plan" not in vars(block) and block.step_plan is None  # dropped at the end
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_beams_grouped_on_their_sentence_keys(plan_runs):
+    # Beam search keeps one cross cache row per sentence, serving its g beams as the queries
+    # of one attention.
+    block = make_block()
+    memory, mask = source(b=2)
+    xs = torch.randn(6, 4, C)  # 2 sentences x 3 beams
+    ref = decode(block, xs, memory, mask, group=3)
+    with linear_mod.packed_weights(block):
+        y = decode(block, xs, memory, mask, group=3)
+    assert len(plan_runs) == 4
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("change", ["lora", "reference", "reference_rmsnorm"])
+def test_parts_it_does_not_cover_keep_the_modules(change):
+    block = make_block(norm="rmsnorm") if change == "reference_rmsnorm" else \
+        make_block(attn_impl="reference" if change == "reference" else "auto")
+    if change == "lora":  # peft wraps the target in a class of its own
+        pytest.importorskip("peft")
+        Lora(block, LoraConfig(lora_rank=2, lora_targets="self_attn.q_proj"))
+    if change == "reference_rmsnorm":
+        block.res_ffn.norm.reference = True
+    with linear_mod.packed_weights(block):
+        assert block.step_plan is None
+
+
+def test_calls_that_are_not_one_step_keep_the_modules(plan_runs):
+    block = make_block()
+    memory, mask = source()
+    with linear_mod.packed_weights(block), torch.inference_mode():
+        cache = (KVCache(), KVCache())
+        block(torch.randn(3, 4, C), memory, None, mask, cache)  # a prefill of 4 positions
+        _, w_self, w_cross = block(torch.randn(3, 1, C), memory, None, mask, cache,
+                                   need_weights=True)
+        assert w_self.shape == (3, NH, 1, 5) and w_cross.shape == (3, NH, 1, 5)
+        block.train()
+        block(torch.randn(3, 1, C), memory, None, mask, cache)
+        block.eval()
+        block(torch.randn(3, 1, C, dtype=torch.float64).float(), memory, None, mask,
+              (KVCache(), KVCache()))  # a step: the plan
+    assert len(plan_runs) == 1
