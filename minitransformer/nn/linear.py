@@ -220,6 +220,17 @@ def measured_product(choice: KernelChoice | None, module: object, x: torch.Tenso
     return y
 
 
+def settled_kernel(choice: KernelChoice | None, rows: int) -> str | None:
+    """The kernel ("packed" or "blas") that products of ``rows`` rows take by ``choice``
+    where that is settled: ``KERNEL``'s when fixed, the measured one once chosen; None while
+    the trial of their bucket runs, or without a choice (``measured_product`` decides)."""
+    if KERNEL != "measured":
+        return KERNEL
+    if choice is None or rows == 0:
+        return None
+    return choice.chosen.get((next_power_of_two(rows), torch.get_num_threads()))
+
+
 def packable(*weights: torch.Tensor) -> bool:
     """Whether to pack ``weights`` (as one, stacked): plain tensors (not FSDP's sharded
     ones), fp32, on the CPU, at least ``PACK_MIN_ELEMENTS`` together, and a build where

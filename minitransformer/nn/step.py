@@ -39,16 +39,42 @@ from torch import nn
 
 from .attention import KVCache, MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
-from .linear import Linear, linear_then, use_packed
+from .linear import (
+    Linear,
+    fused_activation,
+    linear_then,
+    packed_linear,
+    settled_kernel,
+    use_packed,
+)
 from .norm import RMSNorm
 
 
-def projection(layer: Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x W^T + b for one step: the plain weight read directly, or the module where it
-    holds a packed copy (which then picks its kernel, ``nn.linear``)."""
-    if layer.packed is not None:
-        return layer
-    return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
+def projection(layer: Linear, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x W^T + b for one step, on ``kernel`` (``settled_kernel``): the plain weight, its
+    packed copy, or (None: a trial is running) the module, which takes part in it."""
+    if layer.packed is None or kernel == "blas":
+        return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
+    if kernel == "packed":
+        return functools.partial(packed_linear, packed=layer.packed, bias=layer.bias)
+    return layer
+
+
+def first_layer(ffn: FeedForward, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """h -> act(h W1 + b1) for one step: on the packed copy with the activation applied
+    inside the product where oneDNN has it (``linear_then``)."""
+    fc, act = ffn.fc, ffn.act
+    post = fused_activation(act)
+    if fc.packed is None or kernel == "blas" or (kernel == "packed" and post is None):
+        first = projection(fc, kernel)
+        return functools.partial(apply, F.relu if type(act) is nn.ReLU else act, first)
+    if kernel == "packed":
+        return functools.partial(packed_linear, packed=fc.packed, bias=fc.bias, post=post)
+    return functools.partial(linear_then, fc, act=act)
+
+
+def apply(outer, inner, x):
+    return outer(inner(x))
 
 
 def plain_norm(norm: nn.Module) -> bool:
@@ -85,11 +111,12 @@ def applies(block: nn.Module, x: torch.Tensor, cache, need_weights: bool, positi
 
 class StepPlan:
     """One ``DecoderBlock``'s step, ``run``: its parts gathered at the first step of a scope
-    (when every packed copy is in place), so that a step looks nothing up again."""
+    (when every packed copy is in place) on each kernel its products take, so that a step
+    looks nothing up again."""
 
     def __init__(self, block):
         self.block = block
-        self.parts: tuple | None = None
+        self.parts: dict[str | None, tuple] = {}  # by kernel (``gather``)
 
     @staticmethod
     def of(block) -> StepPlan | None:
@@ -101,32 +128,42 @@ class StepPlan:
             return StepPlan(block)
         return None
 
-    def gather(self) -> tuple:
+    def gather(self, kernel: str | None) -> tuple:
+        """The parts of a step whose products take ``kernel`` (``settled_kernel``)."""
         block = self.block
         sa, ca, ffn = block.self_attn, block.cross_attn, block.ffn
-        qkv = sa.project_self if sa.packed_qkv is not None else \
-            tuple(projection(p) for p in (sa.q_proj, sa.k_proj, sa.v_proj))
-        attend_self = (qkv, projection(sa.out_proj), sa)
-        attend_source = None if ca is None else \
-            (projection(ca.q_proj), projection(ca.out_proj), ca)
-        if type(ffn) is SwiGLU:
-            inner = (projection(ffn.gate), projection(ffn.fc), F.silu)
-        elif ffn.fc.packed is not None:  # the packed copy, with the activation fused in
-            inner = (functools.partial(linear_then, ffn.fc, act=ffn.act), None, None)
+        stacked = sa.packed_qkv
+        if stacked is None or kernel == "blas":
+            qkv = tuple(projection(p, kernel) for p in (sa.q_proj, sa.k_proj, sa.v_proj))
+        elif kernel == "packed":
+            widths = (sa.q_proj.out_features, sa.k_proj.out_features, sa.v_proj.out_features)
+            qkv = functools.partial(stacked_product, packed=stacked[0], bias=stacked[1],
+                                    widths=widths)
         else:
-            act = F.relu if type(ffn.act) is nn.ReLU else ffn.act
-            inner = (projection(ffn.fc), None, act)
+            qkv = sa.project_self
+        attend_self = (qkv, projection(sa.out_proj, kernel), sa)
+        attend_source = None if ca is None else \
+            (projection(ca.q_proj, kernel), projection(ca.out_proj, kernel), ca)
+        if type(ffn) is SwiGLU:
+            inner = (projection(ffn.gate, kernel), projection(ffn.fc, kernel), F.silu)
+        else:
+            inner = (first_layer(ffn, kernel), None, None)
         norms = tuple(normalization(r.norm) for r in residuals(block))
         return (block.res_self.pre, norms, attend_self, attend_source,
-                (inner, projection(ffn.proj)))
+                (inner, projection(ffn.proj, kernel)))
 
     def run(self, x: torch.Tensor, memory: torch.Tensor | None,
             memory_mask: torch.Tensor | None, cache: tuple[KVCache, KVCache]) -> torch.Tensor:
-        """One step: x (B, 1, C) -> (B, 1, C); the self-attention cache gains a position."""
-        if self.parts is None:
-            self.parts = self.gather()
-        pre, norms, attend_self, attend_source, ffn = self.parts
+        """One step: x (B, 1, C) -> (B, 1, C); the self-attention cache gains a position.
+        Inside, a row is (C,): x (B, C)."""
+        b, _, c = x.shape
+        kernel = settled_kernel(self.block.kernels, b)
+        parts = self.parts.get(kernel)
+        if parts is None:
+            parts = self.parts[kernel] = self.gather(kernel)
+        pre, norms, attend_self, attend_source, ffn = parts
         self_cache, cross_cache = cache
+        x = x.reshape(b, c)  # (B, C)
         h = norms[0](x) if pre else x
         y = self_attention(h, self_cache, *attend_self)
         x = x + y if pre else norms[0](x + y)
@@ -136,7 +173,14 @@ class StepPlan:
             x = x + y if pre else norms[1](x + y)
         h = norms[-1](x) if pre else x
         y = feed_forward(h, *ffn)
-        return x + y if pre else norms[-1](x + y)  # (B, 1, C)
+        x = x + y if pre else norms[-1](x + y)
+        return x.view(b, 1, c)  # (B, 1, C)
+
+
+def stacked_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                    widths: tuple[int, int, int]):
+    """x [W^Q; W^K; W^V]^T + b from the packed stack, split: (B, width) each."""
+    return packed_linear(x, packed, bias).split(widths, dim=-1)
 
 
 def residuals(block) -> list[nn.Module]:
@@ -147,18 +191,18 @@ def residuals(block) -> list[nn.Module]:
 
 def self_attention(h: torch.Tensor, cache: KVCache, qkv, out,
                    attn: MultiHeadAttention) -> torch.Tensor:
-    """Masked self-attention of the newest position (it may see every cached key): (B, 1, C).
-    QK-norm, RoPE (at the cache's length) and ALiBi where ``attn`` has them."""
-    b, _, c = h.shape
+    """Masked self-attention of the newest position (it may see every cached key): h (B, C)
+    -> (B, C). QK-norm, RoPE (at the cache's length) and ALiBi where ``attn`` has them."""
+    b, c = h.shape
     nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_size
-    q, k, v = qkv(h) if callable(qkv) else (p(h) for p in qkv)  # (B, 1, width) each
-    q = q.view(b, 1, nh, hs).transpose(1, 2)  # (B, nh, 1, hs)
-    k = k.view(b, 1, nkv, hs).transpose(1, 2)  # (B, nkv, 1, hs)
+    q, k, v = qkv(h) if callable(qkv) else (p(h) for p in qkv)  # (B, width) each
+    q = q.view(b, nh, 1, hs)  # (B, nh, 1, hs)
+    k = k.view(b, nkv, 1, hs)  # (B, nkv, 1, hs)
     if attn.q_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     if attn.rope is not None:
         q, k = attn.rope(q, offset=cache.length), attn.rope(k, offset=cache.length)
-    keys, values = cache.update(k, v.view(b, 1, nkv, hs).transpose(1, 2))  # (B, nkv, T, hs)
+    keys, values = cache.update(k, v.view(b, nkv, 1, hs))  # (B, nkv, T, hs)
     if nkv != nh:
         keys, values = attn.expand_kv(keys), attn.expand_kv(values)  # (B, nh, T, hs)
     bias = None
@@ -166,21 +210,22 @@ def self_attention(h: torch.Tensor, cache: KVCache, qkv, out,
         t = keys.shape[-2]
         bias = attn.alibi(1, t, offset=t - 1).to(q.dtype)  # (nh, 1, T)
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (B, nh, 1, hs)
-    return out(y.transpose(1, 2).reshape(b, 1, c))  # (B, 1, C)
+    return out(y.reshape(b, c))  # (B, C)
 
 
 def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
                     memory_mask: torch.Tensor | None, cache: KVCache, query, out,
                     attn: MultiHeadAttention) -> torch.Tensor:
-    """Attention to the source, whose keys are projected once (the first step): (B, 1, C)."""
+    """Attention to the source, whose keys are projected once (the first step): h (B, C) ->
+    (B, C)."""
     if not cache.length:
         if memory is None:
             raise ValueError("this decoder block has cross-attention: pass memory")
         attn.fill_cache(cache, memory)
-    b, _, c = h.shape
+    b, c = h.shape
     nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_size
     g = cache.group
-    q = query(h).view(b, 1, nh, hs).transpose(1, 2)  # (B, nh, 1, hs)
+    q = query(h).view(b, nh, 1, hs)  # (B, nh, 1, hs)
     if attn.q_norm is not None:
         q = attn.q_norm(q)
     if g > 1:  # a sentence's beams as the queries of one attention: (B/g, nh, g, hs)
@@ -191,14 +236,11 @@ def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=memory_mask)
     if g > 1:
         y = ungroup(y, g, 1)  # (B, nh, 1, hs)
-    return out(y.transpose(1, 2).reshape(b, 1, c))  # (B, 1, C)
+    return out(y.reshape(b, c))  # (B, C)
 
 
 def feed_forward(h: torch.Tensor, inner, proj) -> torch.Tensor:
-    """FFN(h) = act(h W1 + b1) W2 + b2, or SwiGLU's (SiLU(h W_gate) * h W1) W2: (B, 1, C)."""
+    """FFN(h) = act(h W1 + b1) W2 + b2, or SwiGLU's (SiLU(h W_gate) * h W1) W2: (B, C)."""
     first, second, act = inner
-    if second is not None:  # SwiGLU
-        g = act(first(h)) * second(h)
-    else:
-        g = first(h) if act is None else act(first(h))  # (B, 1, F)
-    return proj(g)
+    g = first(h) if second is None else act(first(h)) * second(h)  # (B, F)
+    return proj(g)  # (B, C)
