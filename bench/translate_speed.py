@@ -9,8 +9,9 @@ paper's model as Hugging Face writes it). Both get the same batch of source sent
 ids, lengths 12-40, right-padded) and must do the same work: exactly ``--tokens`` decoder
 steps per sentence, forced by ``min_len = max_len`` here and ``min_new_tokens =
 max_new_tokens`` there (our last step writes </s>, theirs one more token). tokens/s counts
-generated tokens per sentence (not per beam). fp32, every core, the paths take turns
-(``--rounds``), medians.
+generated tokens per sentence (not per beam). Greedy search keeps the tokens alone on both
+sides, as ``translate`` does (``scores=False``; ``generate`` computes no scores unless asked).
+fp32, every core, the paths take turns (``--rounds``), medians.
 
 Ours decodes inside one ``decoding_weights`` scope for all rounds, as ``translate`` does for
 all the batches of a file (``translate_many``): the weights are packed once, not per batch.
@@ -85,7 +86,7 @@ def run_ours(model, src: torch.Tensor, beam: int, steps: int) -> float:
     """Seconds for ``steps`` decoder steps per sentence (steps - 1 tokens, then </s>)."""
     t0 = time.perf_counter()
     if beam == 1:
-        out = greedy_decode(model, src, max_len=steps - 1, min_len=steps - 1)
+        out = greedy_decode(model, src, max_len=steps - 1, min_len=steps - 1, scores=False)
     else:
         out = beam_search(model, src, beam, max_len=steps - 1, length_penalty=0.6,
                           min_len=steps - 1)

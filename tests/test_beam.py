@@ -59,6 +59,11 @@ def test_beam_size_one_is_greedy(seed, alpha):
     assert beam.tokens == greedy.tokens
     if alpha == 0.0:
         assert beam.scores == pytest.approx(greedy.scores, abs=1e-4)
+    # the tokens alone: chosen from the logits, the same tokens, no scores
+    alone = greedy_decode(model, src, max_len=12, min_len=2 * seed, scores=False)
+    with_scores = greedy_decode(model, src, max_len=12, min_len=2 * seed)
+    assert alone.tokens == with_scores.tokens and alone.scores is None
+    assert all(len(t) >= 2 * seed for t in alone.tokens)
 
 
 def exhaustive(model, src_row: torch.Tensor, vocab_size: int, max_len: int, alpha: float):

@@ -122,3 +122,29 @@ def test_calls_that_are_not_one_step_keep_the_modules(plan_runs):
         block(torch.randn(3, 1, C, dtype=torch.float64).float(), memory, None, mask,
               (KVCache(), KVCache()))  # a step: the plan
     assert len(plan_runs) == 1
+
+
+def test_measured_kernels_trial_through_the_modules_then_read_the_weights(monkeypatch,
+                                                                          plan_runs):
+    # While a row count's kernel is on trial the plan's products go through the modules,
+    # which time them; once it is chosen they read that kernel's weights directly.
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
+    block = make_block()
+    memory, mask = source()
+    xs = torch.randn(3, 2 * len(linear_mod.SCHEDULE) + 2, C)
+    ref = decode(block, xs, memory, mask)
+    with linear_mod.packed_weights(block):
+        y = decode(block, xs, memory, mask)
+        chosen = linear_mod._choices[block].chosen[(4, torch.get_num_threads())]
+        assert set(block.step_plan.parts) == {None, chosen}
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_source_mask_is_made_additive_once():
+    cache = KVCache()
+    mask = torch.tensor([[True, True, False]])[:, None, None, :]  # (1, 1, 1, 3)
+    bias = cache.additive(mask, torch.float32)
+    assert bias.tolist() == [[[[0.0, 0.0, float("-inf")]]]]
+    assert cache.additive(mask, torch.float32) is bias  # the same mask: made once
+    assert cache.additive(mask.clone(), torch.float32) is not bias  # rows left: made again

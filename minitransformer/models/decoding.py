@@ -36,10 +36,11 @@ from .generation import inference_scope
 
 @dataclass
 class Decoded:
-    """tokens: per sentence, the translation's ids without <s> / </s>; scores: its score."""
+    """tokens: per sentence, the translation's ids without <s> / </s>; scores: its score
+    (None where greedy search was asked for the tokens alone)."""
 
     tokens: list[list[int]]
-    scores: list[float]
+    scores: list[float] | None
 
 
 def default_max_len(model, src: torch.Tensor, min_len: int = 0) -> torch.Tensor:
@@ -82,26 +83,39 @@ def length_penalty_factor(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                   cache, step: int, limits: torch.Tensor, min_len: int = 0) -> torch.Tensor:
-    """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied;
-    ``limits`` (N,): each row's most tokens."""
-    c = model.config
+def _next_logits(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                 cache) -> torch.Tensor:
+    """The decoder's logits for the next token of each row: (N, V), fp32."""
     if cache is not None:
         logits, _ = model.decode(tokens[:, -1:], memory, src_mask, cache)  # (N, 1, V)
     else:
         logits, _ = model.decode(tokens, memory, src_mask)  # (N, T, V)
-    logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
+    return logits[:, -1].float()  # (N, V)
+
+
+def _apply_rules(scores: torch.Tensor, config, step: int, limits: torch.Tensor,
+                 min_len: int) -> torch.Tensor:
+    """The shared rules on (N, V) scores, logits or log-probabilities alike, in place: -inf
+    where a token may not come next. ``limits`` (N,): each row's most tokens."""
+    eos_id = config.eos_id
     full = step >= limits  # (N,) out of room: only </s> may follow
     if bool(full.any()):
-        eos = logp[:, c.eos_id].clone()
-        logp[full] = float("-inf")
-        logp[full, c.eos_id] = eos[full]
+        eos = scores[:, eos_id].clone()
+        scores[full] = float("-inf")
+        scores[full, eos_id] = eos[full]
     if step < min_len:  # too short yet: anything but </s>, where there is room
-        logp[~full, c.eos_id] = float("-inf")
-    logp[:, c.pad_id] = float("-inf")
-    logp[:, c.bos_id] = float("-inf")
-    return logp
+        scores[~full, eos_id] = float("-inf")
+    scores[:, config.pad_id] = float("-inf")
+    scores[:, config.bos_id] = float("-inf")
+    return scores
+
+
+def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                   cache, step: int, limits: torch.Tensor, min_len: int = 0) -> torch.Tensor:
+    """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied;
+    ``limits`` (N,): each row's most tokens."""
+    logp = torch.log_softmax(_next_logits(model, tokens, memory, src_mask, cache), dim=-1)
+    return _apply_rules(logp, model.config, step, limits, min_len)
 
 
 def _select_rows(rows: torch.Tensor, cache, sentences: torch.Tensor | None = None) -> None:
@@ -116,11 +130,13 @@ def _select_rows(rows: torch.Tensor, cache, sentences: torch.Tensor | None = Non
 
 @torch.no_grad()
 def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
-                  use_cache: bool = True, min_len: int = 0) -> Decoded:
+                  use_cache: bool = True, min_len: int = 0, scores: bool = True) -> Decoded:
     """Pick the most likely token at every step; src (B, S) right-padded with pad_id.
 
     Sentences that have produced </s> leave the batch, so the rest run faster.
-    Scores are log-probabilities (no length penalty).
+    Scores are log-probabilities (no length penalty). ``scores=False`` skips them: the
+    most likely token is the largest logit, so the log-softmax over the vocabulary, a
+    twentieth of a small model's step, is left out (``translate`` keeps only the tokens).
     """
     c = model.config
     with inference_scope(model, use_cache):
@@ -132,26 +148,30 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         alive = torch.arange(b, device=src.device)  # which sentence each row is
         total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
         out: list[list[int]] = [[] for _ in range(b)]
-        scores = [0.0] * b
+        found = [0.0] * b
         for step in range(int(limits.max()) + 1 if b else 0):
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, limits,
-                                  min_len)
-            best, nxt = logp.max(dim=-1)  # (N,), (N,)
-            total = total + best
+            if scores:
+                logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, limits,
+                                      min_len)
+                best, nxt = logp.max(dim=-1)  # (N,), (N,)
+                total = total + best
+            else:
+                logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
+                nxt = _apply_rules(logits, c, step, limits, min_len).argmax(dim=-1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
             done = nxt == c.eos_id  # (N,)
             if not bool(done.any()):
                 continue
             for r in done.nonzero().flatten().tolist():
                 out[int(alive[r])] = tokens[r, 1:-1].tolist()
-                scores[int(alive[r])] = float(total[r])
+                found[int(alive[r])] = float(total[r])
             keep = (~done).nonzero().flatten()  # (N',)
             if keep.numel() == 0:
                 break
             tokens, alive, total, limits = tokens[keep], alive[keep], total[keep], limits[keep]
             memory, src_mask = memory[keep], src_mask[keep]
             _select_rows(keep, cache, keep)
-        return Decoded(out, scores)
+        return Decoded(out, found if scores else None)
 
 
 @torch.no_grad()
@@ -261,7 +281,7 @@ def translate_many(model, sources: list[list[int]], beam_size: int = 1,
             chunk = order[start:start + batch_size]
             src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
             if beam_size <= 1:
-                decoded = greedy_decode(model, src, max_len, min_len=min_len)
+                decoded = greedy_decode(model, src, max_len, min_len=min_len, scores=False)
             else:
                 decoded = beam_search(model, src, beam_size, max_len, length_penalty,
                                       min_len=min_len)

@@ -143,12 +143,14 @@ def inference_scope(model, use_cache: bool = True):
     """Decoding with ``model`` in one call: eval mode (the mode it had is restored at the
     end) inside ``decoding_weights``."""
     was_training = model.training
-    model.eval()
+    if any(m.training for m in model.modules()):  # a call in eval mode sets nothing
+        model.eval()
     try:
         with decoding_weights(model, use_cache):
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
 
 
 @torch.inference_mode()

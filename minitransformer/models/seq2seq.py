@@ -182,7 +182,7 @@ class Seq2SeqTransformer(nn.Module):
         from .decoding import beam_search, greedy_decode
 
         if beam_size <= 1:
-            return greedy_decode(self, src, max_len, use_cache=use_cache).tokens
+            return greedy_decode(self, src, max_len, use_cache=use_cache, scores=False).tokens
         return beam_search(self, src, beam_size, max_len, length_penalty,
                            use_cache=use_cache).tokens
 

@@ -109,6 +109,7 @@ class KVCache:
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
         self.length = 0
         self.group = 1  # batch rows served by each cached row (beams of one sentence)
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (mask, ``additive``)
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -143,6 +144,17 @@ class KVCache:
             raise ValueError("fill is for an empty cache")
         self._k, self._v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, nkv, hs) views
         self.length = k.shape[-2]
+
+    def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The boolean key ``mask`` (True = may attend) as the bias the fused kernel adds:
+        0 where True, -inf where False. Made once per mask, not at every step as the kernel
+        would make it from the boolean one (a cross-attention's mask holds for the whole
+        translation)."""
+        held = self._bias
+        if held is None or held[0] is not mask or held[1].dtype != dtype:
+            bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            held = self._bias = (mask, bias.masked_fill_(~mask, float("-inf")))
+        return held[1]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): index (B',). Beam search reorders every step, so

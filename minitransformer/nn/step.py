@@ -233,7 +233,10 @@ def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
     keys, values = cache.k, cache.v  # (B/g, nkv, S, hs)
     if nkv != nh:
         keys, values = attn.expand_kv(keys), attn.expand_kv(values)
-    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=memory_mask)
+    bias = memory_mask  # boolean: its additive form, made once
+    if bias is not None and bias.dtype == torch.bool:
+        bias = cache.additive(bias, q.dtype)
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
     if g > 1:
         y = ungroup(y, g, 1)  # (B, nh, 1, hs)
     return out(y.reshape(b, c))  # (B, C)
