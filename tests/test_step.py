@@ -94,7 +94,8 @@ def test_beams_grouped_on_their_sentence_keys(plan_runs):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("change", ["lora", "reference", "reference_rmsnorm"])
+@pytest.mark.parametrize("change", ["lora", "reference", "reference_rmsnorm", "sharded",
+                                    "float64"])
 def test_parts_it_does_not_cover_keep_the_modules(change):
     block = make_block(norm="rmsnorm") if change == "reference_rmsnorm" else \
         make_block(attn_impl="reference" if change == "reference" else "auto")
@@ -103,6 +104,14 @@ def test_parts_it_does_not_cover_keep_the_modules(change):
         Lora(block, LoraConfig(lora_rank=2, lora_targets="self_attn.q_proj"))
     if change == "reference_rmsnorm":
         block.res_ffn.norm.reference = True
+    if change == "sharded":  # FSDP's DTensor parameters are a subclass like this
+        class Sharded(torch.Tensor):
+            pass
+
+        proj = block.ffn.proj
+        proj.weight = torch.nn.Parameter(proj.weight.detach().as_subclass(Sharded))
+    if change == "float64":
+        block.double()
     with linear_mod.packed_weights(block):
         assert block.step_plan is None
 

@@ -231,13 +231,18 @@ def settled_kernel(choice: KernelChoice | None, rows: int) -> str | None:
     return choice.chosen.get((next_power_of_two(rows), torch.get_num_threads()))
 
 
+def stackable(*weights: torch.Tensor) -> bool:
+    """Whether a decoding scope may hold on to ``weights`` (read, copy or pack them outside
+    their modules' calls): plain tensors (not FSDP's sharded ones), fp32, on the CPU."""
+    return all(type(w) in (torch.Tensor, nn.Parameter) and w.dtype == torch.float32
+               and w.device.type == "cpu" for w in weights)
+
+
 def packable(*weights: torch.Tensor) -> bool:
-    """Whether to pack ``weights`` (as one, stacked): plain tensors (not FSDP's sharded
-    ones), fp32, on the CPU, at least ``PACK_MIN_ELEMENTS`` together, and a build where
-    packing works."""
-    return (all(type(w) in (torch.Tensor, nn.Parameter) and w.dtype == torch.float32
-                and w.device.type == "cpu" for w in weights)
-            and sum(w.numel() for w in weights) >= PACK_MIN_ELEMENTS and packing_works())
+    """Whether to pack ``weights`` (as one, stacked): ``stackable``, at least
+    ``PACK_MIN_ELEMENTS`` together, and a build where packing works."""
+    return (stackable(*weights) and sum(w.numel() for w in weights) >= PACK_MIN_ELEMENTS
+            and packing_works())
 
 
 def use_packed(packed, x: torch.Tensor) -> bool:

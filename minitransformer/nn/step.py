@@ -19,7 +19,9 @@ from them, with torch.nn.functional calls alone:
 
 Where it does not apply, the modules compute the step (their path is the reference; tests
 hold the two equal): a part that is not plain (LoRA on a projection, ``attn_impl=
-"reference"``, RMSNorm's reference formula, an FFN of another kind), and a call that is not
+"reference"``, RMSNorm's reference formula, an FFN of another kind, weights that are not
+plain fp32 CPU tensors, such as FSDP's shards, which its hooks gather only inside the
+modules' calls), and a call that is not
 one new position per row (prefill, left-padded rows with their own positions, attention
 weights asked for, training, gradients, other dtypes than fp32, a device other than the
 CPU). RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules.
@@ -45,6 +47,7 @@ from .linear import (
     linear_then,
     packed_linear,
     settled_kernel,
+    stackable,
     use_packed,
 )
 from .norm import RMSNorm
@@ -124,7 +127,7 @@ class StepPlan:
         attns = [block.self_attn] + ([block.cross_attn] if block.cross_attn is not None else [])
         norms = [r.norm for r in residuals(block)]
         if all(plain_attention(a) for a in attns) and all(plain_norm(n) for n in norms) \
-                and plain_feedforward(block.ffn):
+                and plain_feedforward(block.ffn) and stackable(*block.parameters()):
             return StepPlan(block)
         return None
 
