@@ -58,7 +58,8 @@ def source(b=3, s=5):
 
 
 VARIANTS = [dict(), dict(norm_position="pre"), dict(norm="rmsnorm", norm_position="pre"),
-            dict(activation="gelu"), dict(activation="swiglu", bias=False),
+            dict(norm="rmsnorm"), dict(activation="gelu"), dict(activation="gelu_tanh"),
+            dict(activation="relu2"), dict(activation="swiglu", bias=False),
             dict(n_kv_head=2), dict(qk_norm=True), dict(pos="rope"), dict(pos="alibi"),
             dict(cross_attention=False, norm_position="pre", pos="rope", n_kv_head=1)]
 
@@ -94,8 +95,20 @@ def test_beams_grouped_on_their_sentence_keys(plan_runs):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_long_decode_grows_the_cache(plan_runs):
+    # Past 64 positions the self-attention cache doubles its storage mid-decode.
+    block = make_block(norm_position="pre", pos="rope")
+    memory, mask = source()
+    xs = torch.randn(3, 70, C)
+    ref = decode(block, xs, memory, mask)
+    with linear_mod.packed_weights(block):
+        y = decode(block, xs, memory, mask)
+    assert len(plan_runs) == 70
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("change", ["lora", "reference", "reference_rmsnorm", "sharded",
-                                    "float64"])
+                                    "float64", "hook"])
 def test_parts_it_does_not_cover_keep_the_modules(change):
     block = make_block(norm="rmsnorm") if change == "reference_rmsnorm" else \
         make_block(attn_impl="reference" if change == "reference" else "auto")
@@ -112,8 +125,11 @@ def test_parts_it_does_not_cover_keep_the_modules(change):
         proj.weight = torch.nn.Parameter(proj.weight.detach().as_subclass(Sharded))
     if change == "float64":
         block.double()
+    if change == "hook":  # the plan would skip it
+        block.ffn.register_forward_hook(lambda *a: None)
     with linear_mod.packed_weights(block):
         assert block.step_plan is None
+        assert "step_plan" not in vars(block)  # the block's attributes stay as they were
 
 
 def test_calls_that_are_not_one_step_keep_the_modules(plan_runs):
@@ -157,3 +173,60 @@ def test_the_source_mask_is_made_additive_once():
     assert bias.tolist() == [[[[0.0, 0.0, float("-inf")]]]]
     assert cache.additive(mask, torch.float32) is bias  # the same mask: made once
     assert cache.additive(mask.clone(), torch.float32) is not bias  # rows left: made again
+
+
+def plan_off(monkeypatch):
+    monkeypatch.setattr(step_mod.StepPlan, "of", staticmethod(lambda block: None))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "roll"])
+def test_generation_with_and_without_the_plan(monkeypatch, make_gpt, plan_runs, mode):
+    # A GPT sampling past its window (the context shift rebuilds or rolls the cache), in
+    # fp32: the same tokens through the plan and through the modules.
+    model = make_gpt(scale=0.3, pos_encoding="rope", n_kv_head=1, norm="rmsnorm")
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = model.generate(prompt, 40, temperature=0, context_mode=mode)
+    assert plan_runs
+    plan_off(monkeypatch)
+    assert torch.equal(model.generate(prompt, 40, temperature=0, context_mode=mode), out)
+
+
+def test_translation_with_and_without_the_plan(monkeypatch, plan_runs):
+    # Beam search reorders the caches every step; greedy search drops finished sentences.
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.models.decoding import beam_search, greedy_decode, pad_batch
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(Seq2SeqConfig(vocab_size=17, block_size=32, n_layer=2, n_head=2,
+                                             n_embd=16, d_ff=32, dropout=0.0)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.5)
+    src = pad_batch([[5, 6, 7, 2], [8, 2], [9, 10, 11, 12, 13, 2]], 0)
+    runs = [greedy_decode(model, src, max_len=12), beam_search(model, src, 3, max_len=12,
+                                                                length_penalty=0.6)]
+    assert plan_runs
+    plan_off(monkeypatch)
+    again = [greedy_decode(model, src, max_len=12), beam_search(model, src, 3, max_len=12,
+                                                                 length_penalty=0.6)]
+    for a, b in zip(runs, again, strict=True):
+        assert a.tokens == b.tokens
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+
+
+def test_greedy_search_leaves_the_models_logits_alone():
+    # The rules write -inf into a copy: a hook keeping the output head's logits sees them
+    # as the model computed them.
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.models.decoding import greedy_decode, pad_batch
+
+    model = Seq2SeqTransformer(Seq2SeqConfig(vocab_size=17, block_size=32, n_layer=1, n_head=2,
+                                             n_embd=16, d_ff=32, dropout=0.0)).eval()
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o))
+    for scores in (True, False):
+        greedy_decode(model, pad_batch([[5, 6, 2]], 0), max_len=4, min_len=2, scores=scores)
+    assert seen and all(bool(torch.isfinite(o).all()) for o in seen)

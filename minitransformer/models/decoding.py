@@ -5,7 +5,9 @@ token: self-attention keys/values of earlier positions and the cross-attention k
 the source (computed at the first step, once per sentence) come from ``KVCache``; without it
 every step recomputes the whole prefix (same result, slower; the tests hold them equal).
 
-Rules shared by both, so that beam size 1 is exactly greedy search:
+Rules shared by both, so that beam size 1 is greedy search (greedy search ranks the logits,
+beam search the log-probabilities, which can only differ where two tokens tie to within
+rounding):
 - <pad> and <s> are never produced; after ``max_len`` tokens the only choice is </s>, so every
   translation ends with </s> and is scored with its probability. Without ``max_len`` each
   sentence has its own limit, 1.5 x its source + 10 tokens, so a translation never depends on
@@ -134,9 +136,12 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     """Pick the most likely token at every step; src (B, S) right-padded with pad_id.
 
     Sentences that have produced </s> leave the batch, so the rest run faster.
-    Scores are log-probabilities (no length penalty). ``scores=False`` skips them: the
-    most likely token is the largest logit, so the log-softmax over the vocabulary, a
-    twentieth of a small model's step, is left out (``translate`` keeps only the tokens).
+    The most likely token is the one with the largest allowed logit. Scores are its
+    log-probabilities, summed (no length penalty); ``scores=False`` leaves them out, and
+    with them the log-softmax over the vocabulary, about 4% of a small model's step
+    (``translate`` keeps only the tokens). Beam search ranks log-probabilities, so where two
+    tokens tie to within rounding after the log-softmax, beam size 1 may break the tie
+    otherwise.
     """
     c = model.config
     with inference_scope(model, use_cache):
@@ -150,14 +155,15 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         out: list[list[int]] = [[] for _ in range(b)]
         found = [0.0] * b
         for step in range(int(limits.max()) + 1 if b else 0):
+            logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
             if scores:
-                logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, limits,
-                                      min_len)
-                best, nxt = logp.max(dim=-1)  # (N,), (N,)
-                total = total + best
-            else:
-                logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
-                nxt = _apply_rules(logits, c, step, limits, min_len).argmax(dim=-1)  # (N,)
+                logp = _apply_rules(torch.log_softmax(logits, dim=-1), c, step, limits,
+                                    min_len)  # (N, V)
+            # the most likely allowed token: the largest allowed logit (a copy: the rules
+            # write -inf, and the logits are the model's own output)
+            nxt = _apply_rules(logits.clone(), c, step, limits, min_len).argmax(dim=-1)  # (N,)
+            if scores:
+                total = total + logp.gather(1, nxt[:, None]).squeeze(1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
             done = nxt == c.eos_id  # (N,)
             if not bool(done.any()):

@@ -159,11 +159,15 @@ class DecoderBlock(nn.Module, Packable):
         return x, w_self, w_cross
 
     def pack_weights(self) -> bool:
-        """Keep the ``StepPlan`` (its parts' own copies are theirs to take)."""
+        """Keep the ``StepPlan`` where the block has one (its parts' own copies are theirs
+        to take); without one the block's attributes stay as they were."""
         if self.step_plan is not None:
             return False
-        self.step_plan = StepPlan.of(self)
-        return self.step_plan is not None
+        plan = StepPlan.of(self)
+        if plan is None:
+            return False
+        self.step_plan = plan
+        return True
 
     def unpack_weights(self) -> None:
         drop_attribute(self, "step_plan")

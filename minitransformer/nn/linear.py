@@ -341,7 +341,9 @@ def packing_works() -> bool:
 def packed_weights(model: nn.Module):
     """Within the scope, every ``Packable`` of ``model`` (each fp32 CPU ``Linear``, and
     self-attention's stacked q, k, v) computes with packed copies of its weights (see the
-    module docstring); gradients, other dtypes and other devices keep the reference path.
+    module docstring), and each decoder block takes its one-token steps through its
+    ``StepPlan`` (``nn/step.py``); gradients, other dtypes and other devices keep the
+    reference path.
     Nested scopes keep the outer copies. The weights must not change inside.
 
     ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known

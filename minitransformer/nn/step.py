@@ -18,14 +18,19 @@ from them, with torch.nn.functional calls alone:
     the same with the source's cached keys for cross-attention, then the FFN
 
 Where it does not apply, the modules compute the step (their path is the reference; tests
-hold the two equal): a part that is not plain (LoRA on a projection, ``attn_impl=
-"reference"``, RMSNorm's reference formula, an FFN of another kind, weights that are not
-plain fp32 CPU tensors, such as FSDP's shards, which its hooks gather only inside the
-modules' calls), and a call that is not
-one new position per row (prefill, left-padded rows with their own positions, attention
-weights asked for, training, gradients, other dtypes than fp32, a device other than the
-CPU). RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules.
-A projection with a packed copy takes it through its module (``nn.linear``), as before.
+hold the two equal):
+- a part that is not plain: LoRA on a projection, ``attn_impl="reference"``, RMSNorm's
+  reference formula, an FFN of another kind, weights that are not plain fp32 CPU tensors
+  (FSDP's shards, which its hooks gather only inside the modules' calls), a forward hook on
+  any part of the block (the plan would skip it; hooks added while a scope is open are not
+  seen, global module hooks are seen at every step);
+- a call that is not one new position per row: a prefill, left-padded rows with their own
+  positions, attention weights asked for, training, gradients, a dtype other than fp32, a
+  device other than the CPU.
+RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules. The
+products take the kernel their row count settled on (``nn.linear.settled_kernel``) and read
+its weights directly; while that kernel is on trial they go through their modules, which
+time them (``measured_product``).
 
 Shapes: B rows, C channels, nh heads, nkv key/value heads, hs head size, T cached positions.
 """
@@ -38,6 +43,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as module_hooks  # the global module hooks
 
 from .attention import KVCache, MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
@@ -109,7 +115,9 @@ def applies(block: nn.Module, x: torch.Tensor, cache, need_weights: bool, positi
     """Whether this call of ``block`` is a cached one-token step a plan computes (see the
     module docstring)."""
     return (cache is not None and x.shape[1] == 1 and not need_weights and positions is None
-            and self_mask is None and not block.training and use_packed(True, x))
+            and self_mask is None and not block.training and use_packed(True, x)
+            and not (module_hooks._global_forward_hooks
+                     or module_hooks._global_forward_pre_hooks))
 
 
 class StepPlan:
@@ -126,8 +134,11 @@ class StepPlan:
         """The plan for ``block``, or None where some part of it is not plain."""
         attns = [block.self_attn] + ([block.cross_attn] if block.cross_attn is not None else [])
         norms = [r.norm for r in residuals(block)]
+        hooked = any(m._forward_hooks or m._forward_pre_hooks
+                     for m in block.modules() if m is not block)
         if all(plain_attention(a) for a in attns) and all(plain_norm(n) for n in norms) \
-                and plain_feedforward(block.ffn) and stackable(*block.parameters()):
+                and plain_feedforward(block.ffn) and stackable(*block.parameters()) \
+                and not hooked:
             return StepPlan(block)
         return None
 
