@@ -151,7 +151,8 @@ class EncoderConfig:
     n_embd: int = 128  # d_model
     """model width d_model (divisible by n_head)"""
     d_ff: int | None = None
-    """feed-forward width (default 4 * n_embd)"""
+    """feed-forward width (default 4 * n_embd, or the preset's, which a changed --n_embd
+    keeps)"""
     dropout: float = 0.0
     """dropout probability (0 = none)"""
     bias: bool = True
@@ -218,7 +219,8 @@ class Seq2SeqConfig:
     n_embd: int = 512  # d_model
     """model width d_model (divisible by n_head)"""
     d_ff: int | None = None  # None = 4 * n_embd (2048 in the paper)
-    """feed-forward width (default 4 * n_embd)"""
+    """feed-forward width (default 4 * n_embd, or the preset's, which a changed --n_embd
+    keeps)"""
     dropout: float = 0.1
     """dropout probability (0 = none)"""
     bias: bool = True

@@ -143,3 +143,17 @@ def test_resume_restores_the_dropout_random_stream(tmp_path):
     a, b = (load_file(tmp_path / run / "checkpoints" / "step_0000040" / "model.safetensors")
             for run in ("full", "part"))
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_preset_width_kept_under_a_new_n_embd_is_noted():
+    # seq2seq cpu-small fixes d_ff 512 (4 x its 128); --n_embd 256 keeps it: 2 x the width.
+    from minitransformer.presets import SEQ2SEQ
+
+    notes = []
+    runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], {"n_embd": 256}, notes.append)
+    assert notes == ["note: preset cpu-small keeps its d_ff 512 (2 x n_embd 256); --d_ff sets "
+                     "another"]
+    for given in ({"n_embd": 256, "d_ff": 1024}, {"n_embd": 128}, {"n_layer": 2}):
+        runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], given, notes.append)
+    runs._note_kept_width("gpt cpu-small", {"n_embd": 128}, {"n_embd": 256}, notes.append)
+    assert len(notes) == 1

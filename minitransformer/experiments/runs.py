@@ -104,6 +104,7 @@ def new_run(req: TrainRequest, echo=print):
         raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
                         f"(they use {' or '.join(family.tokenizers)})")
     base = family.preset(req.preset)
+    _note_kept_width(req.preset or family.default_preset, base, req.fields, echo)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
     train_cfg = _train_config(train_f)
     sized = family.can_autosize and req.preset is None \
@@ -124,6 +125,15 @@ def new_run(req: TrainRequest, echo=print):
     built = family.build(prepared, model_f, train_cfg.seed)
     built.meta["preset"] = req.preset or ("autosize" if sized else family.default_preset)
     return family, prepared, built, train_cfg
+
+
+def _note_kept_width(name: str, preset: dict, given: dict, echo) -> None:
+    """A preset that fixes d_ff keeps it when ``--n_embd`` changes the width (``--d_ff``'s
+    help says 4 * n_embd by default): say so."""
+    d_ff, width = preset.get("d_ff"), given.get("n_embd")
+    if d_ff and width and "d_ff" not in given and width != preset.get("n_embd"):
+        echo(f"note: preset {name} keeps its d_ff {d_ff} ({d_ff / width:g} x n_embd "
+             f"{width}); --d_ff sets another")
 
 
 def pretrained_run(req: TrainRequest, echo=print):
