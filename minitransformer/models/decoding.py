@@ -161,7 +161,8 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
                                     min_len)  # (N, V)
             # the most likely allowed token: the largest allowed logit (a copy: the rules
             # write -inf, and the logits are the model's own output)
-            nxt = _apply_rules(logits.clone(), c, step, limits, min_len).argmax(dim=-1)  # (N,)
+            allowed = _apply_rules(logits.clone(), c, step, limits, min_len)  # (N, V)
+            nxt = allowed.max(dim=-1).indices  # (N,) (argmax: the same, three times slower)
             if scores:
                 total = total + logp.gather(1, nxt[:, None]).squeeze(1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
