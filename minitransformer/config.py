@@ -151,8 +151,7 @@ class EncoderConfig:
     n_embd: int = 128  # d_model
     """model width d_model (divisible by n_head)"""
     d_ff: int | None = None
-    """feed-forward width (default 4 * n_embd; a preset's d_ff stays under another
-    --n_embd)"""
+    """feed-forward width (default 4 * n_embd; a preset's stays under another --n_embd)"""
     dropout: float = 0.0
     """dropout probability (0 = none)"""
     bias: bool = True
@@ -219,8 +218,7 @@ class Seq2SeqConfig:
     n_embd: int = 512  # d_model
     """model width d_model (divisible by n_head)"""
     d_ff: int | None = None  # None = 4 * n_embd (2048 in the paper)
-    """feed-forward width (default 4 * n_embd; a preset's d_ff stays under another
-    --n_embd)"""
+    """feed-forward width (default 4 * n_embd; a preset's stays under another --n_embd)"""
     dropout: float = 0.1
     """dropout probability (0 = none)"""
     bias: bool = True
