@@ -118,3 +118,20 @@ def test_time_budget_none_lets_max_iters_decide():
     args = PARSER.parse_args(["train", "--out", "o", "--time_budget", "none"])
     assert args.time_budget is None
     assert PARSER.parse_args(["train", "--out", "o", "--time_budget", "2m"]).time_budget == 120
+
+
+@pytest.mark.parametrize("argv", [["translate", "runs/mt", "--beam", "1", "Jesus wept."],
+                                  ["translate", "runs/mt", "Jesus", "--beam", "1", "wept."],
+                                  ["translate", "--beam", "1", "runs/mt", "Jesus", "wept."]])
+def test_words_after_flags_are_the_sentences(argv):
+    # argparse fills a folder and a list of words together, so words after a flag were left
+    # over ("unrecognized arguments"); they are the sentences, in order.
+    args = build_parser().parse_args(argv)
+    assert args.dir == "runs/mt" and args.beam == 1
+    assert " ".join(args.text) == "Jesus wept."
+
+
+def test_a_stray_flag_after_the_words_is_still_an_error(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["translate", "runs/mt", "--beam", "1", "text", "--nope"])
+    assert "unrecognized arguments: text --nope" in capsys.readouterr().err

@@ -151,8 +151,10 @@ def test_a_preset_width_kept_under_a_new_n_embd_is_noted():
 
     notes = []
     runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], {"n_embd": 256}, notes.append)
-    assert notes == ["note: preset cpu-small keeps its d_ff 512 (2 x n_embd 256); --d_ff sets "
-                     "another"]
+    assert notes == ["note: preset cpu-small keeps its d_ff 512 under --n_embd 256 (2 x n_embd, "
+                     "where 4 x is the default); pass --d_ff 1024 for that"]
+    runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], {"n_embd": 96}, notes.append)
+    assert "(5.33 x n_embd" in notes.pop()
     for given in ({"n_embd": 256, "d_ff": 1024}, {"n_embd": 128}, {"n_layer": 2}):
         runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], given, notes.append)
     runs._note_kept_width("gpt cpu-small", {"n_embd": 128}, {"n_embd": 256}, notes.append)

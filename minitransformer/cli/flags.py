@@ -248,12 +248,23 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args([self.spell(str(a)) for a in args], namespace)
 
     def parse_args(self, args=None, namespace=None):
-        """Unrecognized flags are reported by the subcommand they were given to."""
+        """Unrecognized flags are reported by the subcommand they were given to. Words after
+        a command's flags go to its list of words (``translate DIR --beam 4 "text"``), which
+        argparse leaves out once a flag came between them and the folder."""
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             sub = self._subcommands().get(getattr(parsed, "command", None), self)
+            words = sub.words_dest()
+            if words is not None and not any(a.startswith("-") for a in extra):
+                setattr(parsed, words, [*(getattr(parsed, words, None) or []), *extra])
+                return parsed
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
         return parsed
+
+    def words_dest(self) -> str | None:
+        """The destination of this parser's positional list of words (nargs="*"), if any."""
+        dests = [a.dest for a in self._actions if not a.option_strings and a.nargs == "*"]
+        return dests[0] if len(dests) == 1 else None
 
     def canonicalise(self) -> None:
         """Show each flag under one spelling, the field name's (``--max_new_tokens``), where a

@@ -132,8 +132,9 @@ def _note_kept_width(name: str, preset: dict, given: dict, echo) -> None:
     help says 4 * n_embd by default): say so."""
     d_ff, width = preset.get("d_ff"), given.get("n_embd")
     if d_ff and width and "d_ff" not in given and width != preset.get("n_embd"):
-        echo(f"note: preset {name} keeps its d_ff {d_ff} ({d_ff / width:g} x n_embd "
-             f"{width}); --d_ff sets another")
+        echo(f"note: preset {name} keeps its d_ff {d_ff} under --n_embd {width} "
+             f"({d_ff / width:.3g} x n_embd, where 4 x is the default); pass --d_ff "
+             f"{4 * width} for that")
 
 
 def pretrained_run(req: TrainRequest, echo=print):
