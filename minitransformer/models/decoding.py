@@ -156,14 +156,12 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         found = [0.0] * b
         for step in range(int(limits.max()) + 1 if b else 0):
             logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
-            if scores:
-                logp = _apply_rules(torch.log_softmax(logits, dim=-1), c, step, limits,
-                                    min_len)  # (N, V)
             # the most likely allowed token: the largest allowed logit (a copy: the rules
             # write -inf, and the logits are the model's own output)
             allowed = _apply_rules(logits.clone(), c, step, limits, min_len)  # (N, V)
             nxt = allowed.max(dim=-1).indices  # (N,) (argmax: the same, three times slower)
-            if scores:
+            if scores:  # its log-probability
+                logp = torch.log_softmax(logits, dim=-1)  # (N, V)
                 total = total + logp.gather(1, nxt[:, None]).squeeze(1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
             done = nxt == c.eos_id  # (N,)
