@@ -310,10 +310,17 @@ class MultiHeadAttention(nn.Module, Packable):
                 not all(type(p) is Linear for p in projs) or \
                 not packable(*(p.weight for p in projs)):
             return False
-        w = torch.cat([p.weight.detach() for p in projs])  # (C + 2 nkv hs, C)
-        b = None if self.q_proj.bias is None else torch.cat([p.bias.detach() for p in projs])
+        w, b = self.stacked_qkv()
         self.packed_qkv = (pack(w), b)
         return True
+
+    def stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[W^Q; W^K; W^V] (C + 2 nkv hs, C) and their biases stacked alike (or None): one
+        product computes the three projections."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([p.weight.detach() for p in projs])
+        b = None if self.q_proj.bias is None else torch.cat([p.bias.detach() for p in projs])
+        return w, b
 
     def unpack_weights(self) -> None:
         drop_attribute(self, "packed_qkv")

@@ -152,8 +152,7 @@ class StepPlan:
         projs = (sa.q_proj, sa.k_proj, sa.v_proj)
         widths = tuple(p.out_features for p in projs)
         if stacked is None:  # too small to pack: one product from a plain stacked copy
-            w = torch.cat([p.weight.detach() for p in projs])  # (C + 2 nkv hs, C)
-            b = None if sa.q_proj.bias is None else torch.cat([p.bias.detach() for p in projs])
+            w, b = sa.stacked_qkv()
             qkv = functools.partial(stacked_product, weight=w, bias=b, widths=widths)
         elif kernel == "blas":
             qkv = tuple(projection(p, kernel) for p in projs)
