@@ -1,15 +1,17 @@
-"""One projection of a decoding step: BLAS's ``F.linear`` against oneDNN's packed weights.
+"""One projection of a decoding step: BLAS's ``F.linear``, oneDNN's packed weights, MKL's.
 
     python bench/linear_kernels.py [--rounds 15]
 
-Decoding feeds 1 row per sequence (8 for ``--num-samples 8``) through each projection; the
-product reads every weight once. A model larger than the last-level cache reads them from
-memory, so each shape is timed cycling through enough copies of its weight (64 MB) that
-none stays in a cache of up to 64 MB (a larger L3, one VM's 480 MiB, still holds them):
-microseconds per call, medians, for 1 and 2 threads. The shapes are config (b)'s (6 x 384:
-q/k/v/out, the stacked q|k|v, the FFN's two), two of GPT-2 small's, and two small ones below
-``nn.linear.PACK_MIN_ELEMENTS``. Decoding does not go by these figures: each model times
-the two kernels where they run (``nn.linear.measured_product``).
+Decoding feeds 1 row per sequence (8 for ``--num-samples 8``, 32 for a batch of sentences)
+through each projection; the product reads every weight once. A model larger than the
+last-level cache reads them from memory, so each shape is timed cycling through enough
+copies of its weight (64 MB) that none stays in a cache of up to 64 MB (a larger L3, one
+VM's 480 MiB, still holds them): microseconds per call, medians, for 1 and 2 threads.
+The shapes are config (b)'s (6 x 384: q/k/v/out, the stacked q|k|v, the FFN's two), two of
+GPT-2 small's, and two small ones below ``nn.linear.PACK_MIN_ELEMENTS``. MKL's packed GEMM
+(``nn.linear.MKLPacked``, where this build has it) is packed for the row count timed.
+Decoding does not go by these figures: each model times the kernels where they run
+(``nn.linear.measured_product``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minitransformer.nn.linear import PACK_MIN_ELEMENTS, pack, packed_linear, packing_works
+from minitransformer.nn.linear import (
+    PACK_MIN_ELEMENTS,
+    MKLPacked,
+    mkl_works,
+    pack,
+    packed_linear,
+    packing_works,
+)
+
+ROWS = (1, 8, 32)
 
 SHAPES = ((128, 128), (384, 128), (384, 384), (1152, 384), (1536, 384), (384, 1536),
           (768, 768), (3072, 768))  # (out, in)
@@ -40,14 +51,19 @@ def per_call(fn, calls: int, rounds: int) -> float:
 
 
 @torch.inference_mode()
-def measure(m: int, k: int, rows: int, rounds: int) -> tuple[float, float]:
+def measure(m: int, k: int, rows: int, rounds: int) -> tuple[float, float, float | None]:
+    """Microseconds per call: F.linear, oneDNN's packed copy, MKL's (None where it is
+    missing)."""
     n = max(4, int(64e6 / (m * k * 4)))  # copies: 64 MB of weights, past the cache
     weights = [torch.randn(m, k) for _ in range(n)]
     packed = [pack(w) for w in weights]
     b, x = torch.randn(m), torch.randn(rows, 1, k)
     blas = per_call(lambda: [F.linear(x, w, b) for w in weights], n, rounds)
     onednn = per_call(lambda: [packed_linear(x, p, b) for p in packed], n, rounds)
-    return blas, onednn
+    if not mkl_works():
+        return blas, onednn, None
+    mkl = [MKLPacked(w, b) for w in weights]
+    return blas, onednn, per_call(lambda: [p(x) for p in mkl], n, rounds)
 
 
 def main() -> None:
@@ -56,15 +72,18 @@ def main() -> None:
     a = p.parse_args()
     if not packing_works():
         raise SystemExit("this PyTorch build has no oneDNN packed linear")
-    print("| threads | W (out x in) | MB | packed? | 1 row: F.linear | packed | 8 rows: F.linear "
-          "| packed |\n|---:|---|---:|---|---:|---:|---:|---:|")
+    print("| threads | W (out x in) | MB | packed? | "
+          + " | ".join(f"{r} {'row' if r == 1 else 'rows'}: F.linear | oneDNN | MKL"
+                       for r in ROWS)
+          + " |\n|---:|---|---:|---|" + "---:|" * (3 * len(ROWS)))
     for threads in (1, 2):
         torch.set_num_threads(threads)
         for m, k in SHAPES:
-            (b1, p1), (b8, p8) = (measure(m, k, rows, a.rounds) for rows in (1, 8))
+            cells = [f"{t:.0f}" if t is not None else "-"
+                     for rows in ROWS for t in measure(m, k, rows, a.rounds)]
             print(f"| {threads} | {m} x {k} | {m * k * 4 / 1e6:.2f} | "
-                  f"{'yes' if m * k >= PACK_MIN_ELEMENTS else 'no'} | {b1:.0f} | {p1:.0f} | "
-                  f"{b8:.0f} | {p8:.0f} |", flush=True)
+                  f"{'yes' if m * k >= PACK_MIN_ELEMENTS else 'no'} | {' | '.join(cells)} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

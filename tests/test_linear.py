@@ -78,10 +78,15 @@ def _pack_small(monkeypatch):
     monkeypatch.setattr(linear_mod, "KERNEL", "packed")
 
 
+TWO = ("packed", "blas")
+
+
 @pytest.fixture
 def measured(monkeypatch):
-    """The measured choice; returns a log of the kernels that ran."""
+    """The measured choice between oneDNN's packed copy and BLAS (MKL's packed GEMM, where it
+    works, has tests of its own); returns a log of the kernels that ran."""
     monkeypatch.setattr(linear_mod, "KERNEL", "measured")
+    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: TWO)
     return []
 
 
@@ -94,14 +99,26 @@ def timed_calls(log: list, name: str, seconds: float):
 
 
 def run_passes(choice, modules: dict, n: int, rows: int = 1) -> None:
-    """``n`` passes, each a product of every module in order: {module: (packed, blas)}."""
+    """``n`` passes, each a product of every module in order: {module: (packed, blas[,
+    mkl])}."""
     x = torch.zeros(rows, 4)
     for _ in range(n):
         for module, calls in modules.items():
             linear_mod.measured_product(choice, module, x, *calls)
 
 
-TRIAL_PASSES = len(linear_mod.SCHEDULE)
+TRIAL_PASSES = len(linear_mod.trial_schedule(TWO))
+
+
+def test_trial_schedule_puts_every_kernel_at_the_same_mean_and_median_pass():
+    assert linear_mod.trial_schedule(TWO) == ("packed", "blas") + (
+        "packed", "blas", "blas", "packed") * 2
+    three = linear_mod.trial_schedule(("packed", "blas", "mkl"))
+    timed = three[3:]
+    for kernel in ("packed", "blas", "mkl"):
+        at = [i for i, k in enumerate(timed) if k == kernel]
+        assert len(at) == 4 and sum(at) / 4 == (len(timed) - 1) / 2
+        assert (at[1] + at[2]) / 2 == (len(timed) - 1) / 2
 
 
 def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
@@ -111,8 +128,7 @@ def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measur
                second: (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))}
     run_passes(choice, modules, TRIAL_PASSES)
     # each pass on one kernel (a pass mixing the two would be slower than either)
-    assert measured == [("packed" if packed else "blas") for packed in linear_mod.SCHEDULE
-                        for _ in range(2)]
+    assert measured == [kernel for kernel in linear_mod.trial_schedule(TWO) for _ in range(2)]
     assert measured[:6] == ["packed", "packed", "blas", "blas", "packed", "packed"]
     measured.clear()
     run_passes(choice, modules, 1)  # the pass that closes the last trial pass decides
@@ -176,17 +192,31 @@ def test_next_power_of_two():
         [1, 2, 4, 4, 8, 8, 8, 16]
 
 
-@pytest.mark.parametrize("kernel", ["packed", "blas"])
+def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
+    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    choice = linear_mod.KernelChoice()
+    calls = (timed_calls(measured, "packed", 0.003), timed_calls(measured, "blas", 0.002),
+             timed_calls(measured, "mkl", 0))
+    run_passes(choice, {object(): calls}, 16)
+    assert measured[:15] == list(linear_mod.trial_schedule(("packed", "blas", "mkl")))
+    assert choice.chosen == {(1, torch.get_num_threads()): "mkl"} and measured[15] == "mkl"
+    # a product without MKL's copy computes the "mkl" kernel's share on BLAS
+    assert linear_mod.measured_product(choice, object(), torch.zeros(1, 4), *calls[:2]) == \
+        "blas"
+
+
+@pytest.mark.parametrize("kernel", ["packed", "blas", "mkl"])
 def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
     monkeypatch.setattr(linear_mod, "KERNEL", kernel)
     choice = linear_mod.KernelChoice()
     run_passes(choice, {object(): (timed_calls(measured, "packed", 0),
-                                   timed_calls(measured, "blas", 0))}, TRIAL_PASSES + 1)
+                                   timed_calls(measured, "blas", 0),
+                                   timed_calls(measured, "mkl", 0))}, TRIAL_PASSES + 1)
     assert set(measured) == {kernel} and not choice.chosen and not choice.trials
 
 
 @pytest.mark.parametrize("value,kernel", [("blas", "blas"), ("packed", "packed"),
-                                          (None, "measured"), ("", "measured"),
+                                          ("mkl", "mkl"), (None, "measured"), ("", "measured"),
                                           ("fast", "measured")])
 def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
     if value is None:
@@ -198,20 +228,24 @@ def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
 
 
 @needs_packing
-def test_measured_products_equal_f_linear_on_both_kernels(measured):
+def test_measured_products_equal_f_linear_on_every_kernel(measured, monkeypatch):
+    monkeypatch.undo()  # every kernel this build has
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
     block = DecoderBlock(32, 4, 64, cross_attention=False).eval()
     h = torch.randn(2, 3, 32)
     kernels = []
     block.ffn.proj.register_forward_hook(
-        lambda m, i, o: kernels.append(m.kernels.trials[(8, torch.get_num_threads())].packed
+        lambda m, i, o: kernels.append(m.kernels.trials[(8, torch.get_num_threads())].kernel
                                        if m.kernels and m.kernels.trials else None))
+    schedule = linear_mod.trial_schedule(linear_mod.trial_kernels())
     with torch.inference_mode():
         ref = block(h)[0]
-        for _ in range(TRIAL_PASSES + 2):  # the trial, then the choice: a scope per call,
+        for _ in range(len(schedule) + 2):  # the trial, then the choice: a scope per call,
             with linear_mod.packed_weights(block):  # as generation opens them
                 assert block.ffn.fc.kernels is block.self_attn.kernels is not None
                 torch.testing.assert_close(block(h)[0], ref, rtol=1e-5, atol=1e-5)
-    assert kernels[1:TRIAL_PASSES + 1] == list(linear_mod.SCHEDULE)  # both kernels ran
+    assert kernels[1:len(schedule) + 1] == list(schedule)  # every kernel ran
     assert block.ffn.fc.kernels is None and "kernels" not in vars(block.ffn.fc)
     choice = linear_mod._choices[block]  # the model's, kept across its scopes
     assert set(choice.chosen) == {(8, torch.get_num_threads())}  # 6 rows: to 8
@@ -228,21 +262,84 @@ def test_small_weights_keep_blas(monkeypatch):
 
 @needs_packing
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 24), (8, 24), (2, 3, 24), (1, 1, 24)])
-def test_packed_path_equals_f_linear(bias, shape):
+@pytest.mark.parametrize("shape", [(1, 24), (8, 24), (2, 3, 24), (1, 1, 24), (0, 24),
+                                   (3, 5, 24)])
+@pytest.mark.parametrize("kernel", ["packed", pytest.param("mkl", marks=pytest.mark.skipif(
+    not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))])
+def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
+    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
     layer = Linear(24, 40, bias=bias)
     x = torch.randn(*shape)
     with torch.inference_mode():
         ref = F.linear(x, layer.weight, layer.bias)
         with linear_mod.packed_weights(layer):
             assert layer.packed is not None
+            assert (layer.mkl_packed is not None) == linear_mod.mkl_works()
             y = layer(x)
             wide = torch.randn(*shape[:-1], 48)
             strided = layer(wide[..., ::2])  # a non-contiguous input
         strided_ref = F.linear(wide[..., ::2], layer.weight, layer.bias)
-    assert layer.packed is None  # dropped when the scope closes
+    assert layer.packed is None and layer.mkl_packed is None  # dropped when the scope closes
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(strided, strided_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
+def test_mkl_copy_is_packed_for_the_rows_rounded_up_and_again_only_when_they_change():
+    w, b = torch.randn(40, 24), torch.randn(40)
+    product = linear_mod.MKLPacked(w, b)
+    made, copies = [], []
+    with torch.inference_mode():
+        for n in (5, 5, 12, 16, 9, 17, 1):
+            x = torch.randn(n, 24)
+            torch.testing.assert_close(product(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+            made.append(product.held[0])
+            copies.append(product.held[1])
+    assert made == [5, 5, 16, 16, 16, 24, 1]  # exact up to 8 rows, then multiples of 8
+    assert len({id(c) for c in copies}) == 4  # a copy for 5, 16, 24 and 1 rows
+
+
+@pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
+@pytest.mark.parametrize("mkl_slower", [True, False])
+def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, mkl_slower):
+    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    product_of = linear_mod.MKLPacked.__call__
+
+    def timed(self, x):
+        time.sleep(0.004 if mkl_slower else 0.0)
+        return product_of(self, x)
+
+    monkeypatch.setattr(linear_mod.MKLPacked, "__call__", timed)
+    if not mkl_slower:  # the other two slower
+        for name in ("packed_linear", "F"):
+            real = getattr(linear_mod, name)
+            monkeypatch.setattr(linear_mod, name, SlowCalls(real, 0.004))
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    with torch.inference_mode(), linear_mod.packed_weights(layer):
+        product = layer.mkl_packed
+        for _ in range(3):  # one warm-up pass on each kernel, each pass one product here
+            layer(x)
+        assert product.held is not None and product.held[0] == 3
+        for _ in range(13):  # the timed passes, then the choice
+            layer(x)
+        chosen = linear_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
+        assert (chosen == "mkl") != mkl_slower
+        assert (product.held is None) == mkl_slower
+
+
+class SlowCalls:
+    """A module or function whose calls (and whose attributes' calls) take ``seconds`` more."""
+
+    def __init__(self, real, seconds: float):
+        self.real, self.seconds = real, seconds
+
+    def __call__(self, *args, **kwargs):
+        time.sleep(self.seconds)
+        return self.real(*args, **kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        return SlowCalls(attr, self.seconds) if callable(attr) else attr
 
 
 @needs_packing

@@ -64,7 +64,11 @@ VARIANTS = [dict(), dict(norm_position="pre"), dict(norm="rmsnorm", norm_positio
             dict(cross_attention=False, norm_position="pre", pos="rope", n_kv_head=1)]
 
 
-@pytest.mark.parametrize("kernel", ["packed", "blas"])
+KERNELS = ["packed", "blas", pytest.param("mkl", marks=pytest.mark.skipif(
+    not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("kw", VARIANTS)
 def test_the_step_equals_the_modules(monkeypatch, plan_runs, kw, kernel):
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)  # packed copies take part too
@@ -157,7 +161,7 @@ def test_measured_kernels_trial_through_the_modules_then_read_the_weights(monkey
     monkeypatch.setattr(linear_mod, "KERNEL", "measured")
     block = make_block()
     memory, mask = source()
-    xs = torch.randn(3, 2 * len(linear_mod.SCHEDULE) + 2, C)
+    xs = torch.randn(3, 2 * len(linear_mod.trial_schedule(linear_mod.trial_kernels())) + 2, C)
     ref = decode(block, xs, memory, mask)
     with linear_mod.packed_weights(block):
         y = decode(block, xs, memory, mask)

@@ -60,7 +60,7 @@ def add_sample(sub) -> None:
                         "off (default 1)")
     s.add_argument("--seed", type=seed, default=None,
                    help="seed for reproducible samples, 0 to 2**63 - 1 (default none: new "
-                        "text every run); on a CPU, MINITRANSFORMER_KERNEL=packed or blas "
+                        "text every run); on a CPU, MINITRANSFORMER_KERNEL=packed, blas or mkl "
                         "makes them repeat to the last bit across runs (docs/BENCHMARKS.md)")
     s.add_argument("--context-shift", "--context_shift", type=nonneg_int, default=None,
                    help="tokens dropped at once when the text outgrows the context window; "

@@ -36,9 +36,11 @@ from torch import nn
 
 from .linear import (
     Linear,
+    MKLPacked,
     Packable,
     drop_attribute,
     measured_product,
+    mkl_works,
     pack,
     packable,
     packed_linear,
@@ -205,7 +207,9 @@ class MultiHeadAttention(nn.Module, Packable):
     does not stack its q, k, v (``pack_weights``).
     """
 
-    packed_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # ``pack_weights``
+    # ``pack_weights``: [W^Q; W^K; W^V] packed for oneDNN, the biases stacked, and where MKL's
+    # packed GEMM works (``mkl_works``) the stack's product through it
+    packed_qkv: tuple[torch.Tensor, torch.Tensor | None, MKLPacked | None] | None = None
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, attn_impl: AttnImpl = "auto",
@@ -287,18 +291,22 @@ class MultiHeadAttention(nn.Module, Packable):
         (``nn.linear.measured_product``)."""
         stacked = self.packed_qkv
         if use_packed(stacked, x):
-            w, b = stacked
+            packed, b, mkl = stacked
             widths = (self.q_proj.out_features, self.k_proj.out_features,
                       self.v_proj.out_features)
 
             def packed_call():
-                return packed_linear(x, w, b).split(widths, dim=-1)  # (B, T, width) each
+                return packed_linear(x, packed, b).split(widths, dim=-1)  # (B, T, width) each
 
             def blas_call():
                 return tuple(F.linear(x, p.weight, p.bias)
                              for p in (self.q_proj, self.k_proj, self.v_proj))
 
-            return measured_product(self.kernels, self, x, packed_call, blas_call)
+            def mkl_call():
+                return mkl(x).split(widths, dim=-1)
+
+            return measured_product(self.kernels, self, x, packed_call, blas_call,
+                                    mkl_call if mkl is not None else None)
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def pack_weights(self) -> bool:
@@ -311,7 +319,7 @@ class MultiHeadAttention(nn.Module, Packable):
                 not packable(*(p.weight for p in projs)):
             return False
         w, b = self.stacked_qkv()
-        self.packed_qkv = (pack(w), b)
+        self.packed_qkv = (pack(w), b, MKLPacked(w, b) if mkl_works() else None)
         return True
 
     def stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -327,6 +335,10 @@ class MultiHeadAttention(nn.Module, Packable):
 
     def packs_for(self) -> tuple[nn.Module, ...]:
         return () if self.packed_qkv is None else (self.q_proj, self.k_proj, self.v_proj)
+
+    def mkl_products(self) -> tuple[MKLPacked, ...]:
+        stacked = self.packed_qkv
+        return () if stacked is None or stacked[2] is None else (stacked[2],)
 
     def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Grouped-query sharing: key/value head j serves query heads j*g .. j*g+g-1

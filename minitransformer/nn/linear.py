@@ -8,15 +8,19 @@ Two ways to compute it:
 - the reference path, ``F.linear`` (BLAS), always used for training, gradients and any
   dtype but fp32;
 - the decoding path, inside ``packed_weights(model)``: each W is copied once into oneDNN's
-  blocked layout, and each product reads that copy where it is the faster of the two.
-  Decoding feeds one row per sequence through each projection, a matrix-vector product that
-  reads every weight once per token. Which kernel reads it faster is the machine's to say:
-  it depends on the CPU, the row count and the weight's size, and no fixed rule was right on
-  the two machines measured (docs/BENCHMARKS.md, "Which kernel"). So the first products of
-  each row count take turns on the two kernels, timed where they run, and the faster is kept
-  for the model (``measured_product``; MINITRANSFORMER_KERNEL fixes the choice instead).
-  Tests hold the two paths equal (to fp32 rounding): the choice changes the speed, and the
-  results only in the last bits.
+  blocked layout ("packed"), and, where this build has it, once more into MKL's packed
+  layout for its GEMM ("mkl": ``cblas_sgemm_pack``, then ``cblas_sgemm_compute``, which
+  skips the re-packing of W that a plain GEMM of a few rows does on every call). Each
+  product reads the copy, or the plain weight ("blas": ``F.linear``), that is the fastest
+  for it. Decoding feeds one row per sequence through each projection, a matrix-vector
+  product that reads every weight once per token (a few rows when sequences are decoded
+  together). Which kernel reads it faster is the machine's to say: it depends on the CPU,
+  the row count and the weight's size, and no fixed rule was right on the two machines
+  measured (docs/BENCHMARKS.md, "Which kernel"). So the first products of each row count
+  take turns on the kernels, timed where they run, and the fastest is kept for the model
+  (``measured_product``; MINITRANSFORMER_KERNEL fixes the choice instead). Tests hold the
+  paths equal (to fp32 rounding): the choice changes the speed, and the results only in the
+  last bits.
 
 The copy is taken when the scope opens and dropped when it closes, so a scope must not span
 a change of the weights (an optimizer step): generation opens one per call, ``serve`` one
@@ -69,6 +73,10 @@ class Packable:
         so that they need none of their own (self-attention's stacked q, k, v)."""
         return ()
 
+    def mkl_products(self) -> tuple[MKLPacked, ...]:
+        """Its products through MKL's packed GEMM, while ``packed_weights`` holds them."""
+        return ()
+
 
 # Smallest weight worth packing. A packed product costs about 20 us more per call than BLAS's
 # before it reads anything, which a weight this size (256 KB) repays in a decoding step; a
@@ -77,11 +85,11 @@ PACK_MIN_ELEMENTS = 1 << 16
 
 
 # Which kernel computes a product inside ``packed_weights``: "measured" (the default: the
-# faster of the two where it runs, ``measured_product``), or "packed" or "blas" always. The
+# fastest where it runs, ``measured_product``), or "packed", "blas" or "mkl" always. The
 # environment variable MINITRANSFORMER_KERNEL sets it: a fixed kernel makes runs with the same
 # seed repeat to the last bit from one process to the next (the measured choice may differ
 # between processes where the two are close, and the two differ in the last bits).
-KERNELS = ("measured", "packed", "blas")
+KERNELS = ("measured", "packed", "blas", "mkl")
 KERNEL_ENV = "MINITRANSFORMER_KERNEL"
 
 
@@ -97,10 +105,22 @@ def kernel_setting() -> str:
 
 
 KERNEL = kernel_setting()
-# The kernels of a trial's passes: one untimed pass on each (first calls allocate, threads
-# wake), then four timed ones each, in an order that puts them at the same mean and median
-# position, so that work growing from pass to pass (a longer cache) favours neither.
-SCHEDULE = (True, False) + (True, False, False, True) * 2  # True: the packed copy
+
+
+def trial_kernels() -> tuple[str, ...]:
+    """The kernels a trial compares: the packed copy and BLAS, and MKL's packed GEMM where
+    it works here (``mkl_works``)."""
+    return ("packed", "blas") + (("mkl",) if mkl_works() else ())
+
+
+def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels of a trial's passes: one untimed pass on each (first calls allocate,
+    threads wake), then four timed ones each, in the order k1 .. kn, kn .. k1, twice, which
+    puts every kernel at the same mean and median position, so that work growing from pass
+    to pass (a longer cache) favours none: packed, blas, blas, packed, ... for two."""
+    return kernels + (kernels + kernels[::-1]) * 2
+
+
 Bucket = tuple[int, int]  # (rows to the next power of two, threads)
 # Products in one pass past which its anchor is taken to have stopped computing (a LoRA merge
 # can put another module in its place); the trial starts again from the current module.
@@ -117,17 +137,18 @@ def next_power_of_two(n: int) -> int:
 class Trial:
     """The trial of one bucket: its passes, each from a product of ``anchor`` (the module
     whose product opened the trial) to the last product before the anchor's next, on the
-    kernels of ``SCHEDULE``, and how long each took."""
+    kernels of ``schedule`` (``trial_schedule``), and how long each took."""
 
     anchor: int  # id() of that module
+    schedule: tuple[str, ...]
     start: float = 0.0  # when the current pass's first product began
     end: float = 0.0  # when its latest product ended
     products: int = 0  # in the current pass
     seconds: list[float] = field(default_factory=list)  # the passes so far
 
     @property
-    def packed(self) -> bool:
-        return SCHEDULE[len(self.seconds)]
+    def kernel(self) -> str:
+        return self.schedule[len(self.seconds)]
 
 
 class KernelChoice:
@@ -137,37 +158,45 @@ class KernelChoice:
     measured again."""
 
     def __init__(self):
-        self.chosen: dict[Bucket, str] = {}  # "packed" or "blas"
+        self.chosen: dict[Bucket, str] = {}  # "packed", "blas" or "mkl"
         self.trials: dict[Bucket, Trial] = {}
+        self.schedule = trial_schedule(trial_kernels())
+        # the model's MKL products (``packed_weights``): a trial that chooses another kernel
+        # drops the copies its "mkl" passes made, which nothing would read again
+        self.mkl_products: weakref.WeakSet[MKLPacked] = weakref.WeakSet()
         self.lock = threading.Lock()  # two threads may run one model
 
     def __deepcopy__(self, memo):  # a copy of a packed model measures anew
         return KernelChoice()
 
-    def trial_kernel(self, bucket: Bucket, module: object) -> bool:
-        """Whether this product of ``module``, about to start in a bucket on trial, is
-        computed from the packed copy: its pass's kernel. A product of the trial's anchor
-        ends the pass and opens the next; after the last pass of ``SCHEDULE`` the kernel
-        whose timed passes took less time (medians) is chosen."""
+    def trial_kernel(self, bucket: Bucket, module: object) -> str:
+        """The kernel of this product of ``module``, about to start in a bucket on trial:
+        its pass's. A product of the trial's anchor ends the pass and opens the next; after
+        the last pass of the schedule the kernel whose timed passes took the least time
+        (medians) is chosen."""
         with self.lock:
             if bucket in self.chosen:  # chosen meanwhile, on another thread
-                return self.chosen[bucket] == "packed"
+                return self.chosen[bucket]
             now = time.perf_counter()
             trial = self.trials.get(bucket)
             if trial is None or trial.products >= MAX_PASS_PRODUCTS:
-                trial = self.trials[bucket] = Trial(anchor=id(module), start=now)
+                trial = self.trials[bucket] = Trial(id(module), self.schedule, start=now)
             elif id(module) == trial.anchor:
                 trial.seconds.append(max(trial.end - trial.start, 0.0))
                 trial.start, trial.products = now, 0
-                if len(trial.seconds) == len(SCHEDULE):
-                    timed = list(zip(SCHEDULE, trial.seconds, strict=True))[2:]  # 2 warm-ups
-                    packed_s, blas_s = (statistics.median(t for k, t in timed if k == kernel)
-                                        for kernel in (True, False))
-                    self.chosen[bucket] = "packed" if packed_s < blas_s else "blas"
+                if len(trial.seconds) == len(trial.schedule):
+                    kernels = sorted(set(trial.schedule), key=trial.schedule.index)
+                    timed = list(zip(trial.schedule, trial.seconds, strict=True))[len(kernels):]
+                    medians = {kernel: statistics.median(t for k, t in timed if k == kernel)
+                               for kernel in kernels}  # the untimed warm-ups left out
+                    self.chosen[bucket] = min(kernels, key=medians.__getitem__)
                     del self.trials[bucket]
-                    return self.chosen[bucket] == "packed"
+                    if self.chosen[bucket] != "mkl":
+                        for product in list(self.mkl_products):
+                            product.release(bucket[0])
+                    return self.chosen[bucket]
             trial.products += 1
-            return trial.packed
+            return trial.kernel
 
     def product_ended(self, bucket: Bucket) -> None:
         with self.lock:
@@ -189,39 +218,41 @@ def choice_for(model: nn.Module) -> KernelChoice:
 
 
 def measured_product(choice: KernelChoice | None, module: object, x: torch.Tensor,
-                     packed_call: Callable[[], T], blas_call: Callable[[], T]) -> T:
-    """A product of ``x`` by ``module``'s weight: ``packed_call()`` from the packed copy or
-    ``blas_call()`` from the plain weight, the two computing the same.
+                     packed_call: Callable[[], T], blas_call: Callable[[], T],
+                     mkl_call: Callable[[], T] | None = None) -> T:
+    """A product of ``x`` by ``module``'s weight: ``packed_call()`` from the packed copy,
+    ``blas_call()`` from the plain weight or ``mkl_call()`` from MKL's packed copy (where
+    there is none, BLAS computes the "mkl" kernel's products), all computing the same.
 
     Which one: ``KERNEL``'s, or when measured, the one ``choice`` holds for products of as
     many rows (to the next power of two, ``next_power_of_two``) on as many threads: the
     bucket. All products of a bucket take one kernel, since a step that switched between
-    the two ran slower here than one on either (docs/BENCHMARKS.md, "Which kernel"). Until
-    a bucket has its kernel, its products are its trial: whole passes (from a product of the
+    two ran slower here than one on either (docs/BENCHMARKS.md, "Which kernel"). Until a
+    bucket has its kernel, its products are its trial: whole passes (from a product of the
     first module that came, the anchor, to the last product before its next: a decoding
     step, an encoder pass) on each kernel in turns, timed whole as they run, the model's
     other work included (a kernel timed alone, its weight hot in the cache, can rank
     otherwise, and a kernel can slow the work around it), and the kernel whose passes took
-    less time is kept (``KernelChoice.trial_kernel``). Without a choice (a module packed on
-    its own) and inside ``torch.compile``, the packed copy; zero rows, BLAS.
+    the least time is kept (``KernelChoice.trial_kernel``). Without a choice (a module
+    packed on its own) and inside ``torch.compile``, the packed copy; zero rows, BLAS.
     """
+    calls = {"packed": packed_call, "blas": blas_call, "mkl": mkl_call or blas_call}
     if KERNEL != "measured" or choice is None or torch.compiler.is_compiling():
-        return blas_call() if KERNEL == "blas" else packed_call()
+        return calls["packed" if KERNEL == "measured" else KERNEL]()
     rows = x.numel() // x.shape[-1]
     if rows == 0:
         return blas_call()
     bucket = (next_power_of_two(rows), torch.get_num_threads())
     chosen = choice.chosen.get(bucket)
     if chosen is not None:
-        return packed_call() if chosen == "packed" else blas_call()
-    packed = choice.trial_kernel(bucket, module)
-    y = packed_call() if packed else blas_call()
+        return calls[chosen]()
+    y = calls[choice.trial_kernel(bucket, module)]()
     choice.product_ended(bucket)
     return y
 
 
 def settled_kernel(choice: KernelChoice | None, rows: int) -> str | None:
-    """The kernel ("packed" or "blas") that products of ``rows`` rows take by ``choice``
+    """The kernel ("packed", "blas" or "mkl") that products of ``rows`` rows take by ``choice``
     where that is settled: ``KERNEL``'s when fixed, the measured one once chosen; None while
     the trial of their bucket runs, or without a choice (``measured_product`` decides)."""
     if KERNEL != "measured":
@@ -258,23 +289,31 @@ class Linear(nn.Linear, Packable):
     """Implements y = x W^T + b."""
 
     packed: torch.Tensor | None = None  # W in oneDNN's layout, while ``packed_weights`` holds
+    mkl_packed: MKLPacked | None = None  # W in MKL's, alike (where ``mkl_works``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self.packed
+        packed, mkl = self.packed, self.mkl_packed
         if use_packed(packed, x):
             return measured_product(self.kernels, self, x,
                                     lambda: packed_linear(x, packed, self.bias),
-                                    lambda: F.linear(x, self.weight, self.bias))  # (..., M)
+                                    lambda: F.linear(x, self.weight, self.bias),
+                                    None if mkl is None else lambda: mkl(x))
         return F.linear(x, self.weight, self.bias)  # (..., M)
 
     def pack_weights(self) -> bool:
         if self.packed is not None or not packable(self.weight):
             return False
         self.packed = pack(self.weight)
+        if mkl_works():
+            self.mkl_packed = MKLPacked(self.weight, self.bias)
         return True
 
     def unpack_weights(self) -> None:
         drop_attribute(self, "packed")
+        drop_attribute(self, "mkl_packed")
+
+    def mkl_products(self) -> tuple[MKLPacked, ...]:
+        return () if self.mkl_packed is None else (self.mkl_packed,)
 
 
 def drop_attribute(module: nn.Module, name: str) -> None:
@@ -297,6 +336,53 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, post[0], [], post[1])
 
 
+# MKL's copy is packed for the products' row count rounded up to a multiple of this (above
+# it; up to it, exactly), their inputs padded with zero rows to match: the rows of a batch
+# whose sentences end one by one then need a new copy every 8, not every row.
+MKL_ROW_GRAIN = 8
+
+
+class MKLPacked:
+    """x W^T + b from W in MKL's packed layout (``cblas_sgemm_pack``, then
+    ``cblas_sgemm_compute``), which skips the packing of W that MKL's GEMM of a few rows
+    otherwise does at every call.
+
+    MKL packs W for the number of rows it is told (a copy packed for one row computed 8
+    rows 25% slower here than one packed for 8), and PyTorch's op computes from the copy
+    only for those rows. So the copy is made at the first product, for its rows rounded up
+    to ``MKL_ROW_GRAIN``, and made again when a product needs other rows (a step's rows stay
+    the same from step to step; a prefill's are another count). The copy must stay where it
+    is: MKL's layout depends on its address's alignment."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.held: tuple[int, torch.Tensor] | None = None  # (rows, copy)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., K) -> (..., M)."""
+        x2 = x.reshape(-1, x.shape[-1])  # (N, K)
+        n = x2.shape[0]
+        if n == 0:
+            return F.linear(x, self.weight, self.bias)
+        rows = n if n <= MKL_ROW_GRAIN else -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
+        held = self.held  # read once: another thread may pack for its rows meanwhile
+        if held is None or held[0] != rows:
+            with torch.inference_mode():
+                copy = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), rows)
+            held = self.held = (rows, copy)
+        if rows > n:
+            x2 = torch.cat((x2, x2.new_zeros(rows - n, x2.shape[1])))  # (rows, K)
+        y = torch.ops.mkl._mkl_linear(x2, held[1], self.weight, self.bias, rows)  # (rows, M)
+        return y[:n].view(*x.shape[:-1], y.shape[-1])  # (..., M)
+
+    def release(self, bucket_rows: int) -> None:
+        """Drop the copy if it serves products whose rows round to ``bucket_rows`` (to the
+        next power of two, as ``KernelChoice`` groups them)."""
+        held = self.held
+        if held is not None and next_power_of_two(held[0]) == bucket_rows:
+            self.held = None
+
+
 def fused_activation(act: nn.Module) -> tuple[str, str] | None:
     """The oneDNN post-op computing ``act``, or None where there is none."""
     if type(act) is nn.ReLU:
@@ -313,9 +399,11 @@ def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tens
     (A LoRA wrapper adds its path after the product, before the activation: never fused.)"""
     packed = layer.packed if type(layer) is Linear else None
     if use_packed(packed, x) and (post := fused_activation(act)) is not None:
-        return measured_product(layer.kernels, layer, x,
-                                lambda: packed_linear(x, packed, layer.bias, post),
-                                lambda: act(F.linear(x, layer.weight, layer.bias)))
+        mkl = layer.mkl_packed
+        return measured_product(
+            layer.kernels, layer, x, lambda: packed_linear(x, packed, layer.bias, post),
+            lambda: act(F.linear(x, layer.weight, layer.bias)),
+            None if mkl is None else lambda: act(mkl(x)))
     return act(layer(x))
 
 
@@ -333,6 +421,25 @@ def packing_works() -> bool:
         with torch.inference_mode():
             return torch.allclose(packed_linear(x, pack(w), b), F.linear(x, w, b),
                                   rtol=1e-5, atol=1e-5)
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+        return False
+
+
+@functools.cache
+def mkl_works() -> bool:
+    """Whether this build has MKL's packed GEMM and it computes x W^T + b (fp32-rounding
+    matches with ``F.linear`` on probes of 1 to 70 rows); False leaves the "mkl" kernel out
+    of the trials."""
+    if not (torch.backends.mkl.is_available() and packing_works()):
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        w, b = torch.randn(200, 136, generator=g), torch.randn(200, generator=g)
+        product = MKLPacked(w, b)
+        with torch.inference_mode():
+            return all(torch.allclose(product(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+                       for rows in (1, 3, 8, 70, 67)
+                       for x in [torch.randn(rows, 136, generator=g)])
     except (RuntimeError, AttributeError, NotImplementedError, TypeError):
         return False
 
@@ -360,6 +467,7 @@ def packed_weights(model: nn.Module):
             if m.pack_weights():
                 m.kernels = choice
                 packed.append(m)
+                choice.mkl_products.update(m.mkl_products())
             served.update(id(sub) for sub in m.packs_for())
         yield
     finally:

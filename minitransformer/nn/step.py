@@ -28,11 +28,11 @@ hold the two equal):
   positions, attention weights asked for, training, gradients, a dtype other than fp32, a
   device other than the CPU.
 RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules. The
-products take the kernel their row count settled on (``nn.linear.settled_kernel``) and read
-its weights directly; while that kernel is on trial they go through their modules, which
-time them (``measured_product``). W^Q, W^K and W^V too small to pack are read as one product
-from a plain stacked copy the plan holds (one product in place of three: 6% of a cpu-small
-greedy translation).
+products take the kernel their row count settled on (``nn.linear.settled_kernel``: oneDNN's
+packed copy, BLAS or MKL's packed copy) and read its weights directly; while that kernel is
+on trial they go through their modules, which time them (``measured_product``). W^Q, W^K
+and W^V too small to pack are read as one product from a plain stacked copy the plan holds
+(one product in place of three: 6% of a cpu-small greedy translation).
 
 Shapes: B rows, C channels, nh heads, nkv key/value heads, hs head size, T cached positions.
 """
@@ -51,6 +51,7 @@ from .attention import KVCache, MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
 from .linear import (
     Linear,
+    MKLPacked,
     fused_activation,
     linear_then,
     packed_linear,
@@ -62,21 +63,23 @@ from .norm import RMSNorm
 
 
 def projection(layer: Linear, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x W^T + b for one step, on ``kernel`` (``settled_kernel``): the plain weight, its
-    packed copy, or (None: a trial is running) the module, which takes part in it."""
-    if layer.packed is None or kernel == "blas":
+    """x -> x W^T + b for one step, on ``kernel`` (``settled_kernel``): the plain weight, one
+    of its packed copies, or (None: a trial is running) the module, which takes part in it."""
+    if layer.packed is None or kernel == "blas" or (kernel == "mkl" and layer.mkl_packed is None):
         return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
     if kernel == "packed":
         return functools.partial(packed_linear, packed=layer.packed, bias=layer.bias)
+    if kernel == "mkl":
+        return layer.mkl_packed
     return layer
 
 
 def first_layer(ffn: FeedForward, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """h -> act(h W1 + b1) for one step: on the packed copy with the activation applied
+    """h -> act(h W1 + b1) for one step: on oneDNN's packed copy with the activation applied
     inside the product where oneDNN has it (``linear_then``)."""
     fc, act = ffn.fc, ffn.act
     post = fused_activation(act)
-    if fc.packed is None or kernel == "blas" or (kernel == "packed" and post is None):
+    if fc.packed is None or kernel in ("blas", "mkl") or (kernel == "packed" and post is None):
         first = projection(fc, kernel)
         return functools.partial(apply, F.relu if type(act) is nn.ReLU else act, first)
     if kernel == "packed":
@@ -154,11 +157,13 @@ class StepPlan:
         if stacked is None:  # too small to pack: one product from a plain stacked copy
             w, b = sa.stacked_qkv()
             qkv = functools.partial(stacked_product, weight=w, bias=b, widths=widths)
-        elif kernel == "blas":
-            qkv = tuple(projection(p, kernel) for p in projs)
+        elif kernel == "blas" or (kernel == "mkl" and stacked[2] is None):
+            qkv = tuple(projection(p, "blas") for p in projs)
         elif kernel == "packed":
             qkv = functools.partial(stacked_product, packed=stacked[0], bias=stacked[1],
                                     widths=widths)
+        elif kernel == "mkl":
+            qkv = functools.partial(stacked_product, mkl=stacked[2], bias=None, widths=widths)
         else:
             qkv = sa.project_self
         attend_self = (qkv, projection(sa.out_proj, kernel), sa)
@@ -198,9 +203,16 @@ class StepPlan:
 
 
 def stacked_product(x: torch.Tensor, bias: torch.Tensor | None, widths: tuple[int, int, int],
-                    packed: torch.Tensor | None = None, weight: torch.Tensor | None = None):
-    """x [W^Q; W^K; W^V]^T + b from the stack, packed or plain, split: (B, width) each."""
-    y = F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
+                    packed: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                    mkl: MKLPacked | None = None):
+    """x [W^Q; W^K; W^V]^T + b from the stack, split: (B, width) each. From oneDNN's packed
+    copy, MKL's (which holds its bias), or the plain stack."""
+    if packed is not None:
+        y = packed_linear(x, packed, bias)
+    elif mkl is not None:
+        y = mkl(x)
+    else:
+        y = F.linear(x, weight, bias)
     return y.split(widths, dim=-1)
 
 
