@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minitransformer.models.generation import row_generators, sample_next
+from minitransformer.models.generation import race, row_generators, sample_next
 
 
 @pytest.mark.parametrize("pos", ["learned", "rope", "alibi"])
@@ -49,6 +49,26 @@ def test_one_generator_per_row_draws_as_that_row_would_alone():
                             generator=torch.Generator().manual_seed(3 + i))
         assert torch.equal(together[i:i + 1], alone)
     assert row_generators(None, 4, "cpu") is None
+
+
+@pytest.mark.parametrize("vocab", [65, 4000, 50257])
+def test_the_race_draws_what_torch_multinomial_draws(vocab):
+    # Row by row, over many seeds, peaked and flat distributions, some tokens filtered out.
+    g = torch.Generator().manual_seed(0)
+    for seed in range(40 if vocab < 50000 else 5):
+        logits = torch.randn(6, vocab, generator=g) * (0.5 + seed % 4)
+        logits[:, ::7] = float("-inf")
+        probs = torch.softmax(logits, dim=-1)
+        raced = race(probs, row_generators(seed, 6, "cpu"))  # (6, 1)
+        drawn = torch.cat([torch.multinomial(p[None], 1, generator=gen) for p, gen in
+                           zip(probs, row_generators(seed, 6, "cpu"), strict=True)])
+        assert torch.equal(raced, drawn)
+
+
+def test_the_race_refuses_nan_as_torch_multinomial_does():
+    probs = torch.tensor([[0.5, float("nan")]])
+    with pytest.raises(RuntimeError, match="nan"):
+        race(probs, row_generators(0, 1, "cpu"))
 
 
 def test_a_seeded_batch_of_one_is_what_it_was(make_gpt):

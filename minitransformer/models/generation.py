@@ -77,12 +77,27 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         return logits.max(dim=-1, keepdim=True).indices  # (B, 1)
     logits = filter_logits(logits.float() / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)  # (B, V)
-    if isinstance(generator, Sequence) and len(generator) == 1:
-        generator = generator[0]
     if isinstance(generator, Sequence):
-        return torch.cat([torch.multinomial(p[None], num_samples=1, generator=g)
-                          for p, g in zip(probs, generator, strict=True)])  # (B, 1)
+        return race(probs, generator)  # (B, 1)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def race(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One draw per row of probs (B, V), row i from ``generators[i]``; returns (B, 1).
+
+    The exponential race: each token draws a time q ~ Exp(1) and the first to arrive, at
+    q / p, wins: token t wins with probability p_t (argmax p / q; the Gumbel-max trick with
+    exp applied). ``torch.multinomial`` draws one sample this way, so a row drawn here equals
+    the row drawn alone by ``torch.multinomial`` with the same generator (tests hold them
+    equal), and it is the same computation whether the row is drawn alone or in a batch: the
+    times are drawn row by row, each from its row's generator, and the rest is one division
+    and one argmax for the batch (eight ``torch.multinomial`` calls took 4x as long)."""
+    if not bool((probs >= 0).all()):  # NaN logits: as torch.multinomial, an error
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    times = torch.empty_like(probs)  # (B, V)
+    for row, g in zip(times, generators, strict=True):
+        row.exponential_(generator=g)
+    return (probs / times).argmax(dim=-1, keepdim=True)  # (B, 1)
 
 
 def row_generators(seed: int | None, batch: int, device) -> list[torch.Generator] | None:
