@@ -336,9 +336,10 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, post[0], [], post[1])
 
 
-# MKL's copy is packed for the products' row count rounded up to a multiple of this (above
-# it; up to it, exactly), their inputs padded with zero rows to match: the rows of a batch
-# whose sentences end one by one then need a new copy every 8, not every row.
+# MKL's copy is packed for the products' row count rounded up to a multiple of this, their
+# inputs padded with zero rows to match: the rows of a batch whose sentences end one by one
+# then need a new copy every 8, not every row (a product of a few rows reads W once, so the
+# padding rows cost little; the trials time them).
 MKL_ROW_GRAIN = 8
 
 
@@ -364,7 +365,7 @@ class MKLPacked:
         n = x2.shape[0]
         if n == 0:
             return F.linear(x, self.weight, self.bias)
-        rows = n if n <= MKL_ROW_GRAIN else -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
+        rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
         held = self.held  # read once: another thread may pack for its rows meanwhile
         if held is None or held[0] != rows:
             with torch.inference_mode():
@@ -377,9 +378,10 @@ class MKLPacked:
 
     def release(self, bucket_rows: int) -> None:
         """Drop the copy if it serves products whose rows round to ``bucket_rows`` (to the
-        next power of two, as ``KernelChoice`` groups them)."""
+        next power of two, as ``KernelChoice`` groups them; the copy for 8 rows serves up to
+        8)."""
         held = self.held
-        if held is not None and next_power_of_two(held[0]) == bucket_rows:
+        if held is not None and next_power_of_two(held[0]) == max(bucket_rows, MKL_ROW_GRAIN):
             self.held = None
 
 
