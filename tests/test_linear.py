@@ -287,7 +287,7 @@ def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 def test_mkl_copy_is_packed_for_the_rows_rounded_up_and_again_only_when_they_change():
     w, b = torch.randn(40, 24), torch.randn(40)
-    product = linear_mod.MKLPacked(w, b)
+    product = linear_mod.MKLPacked(lambda: (w, b))
     made, copies = [], []
     with torch.inference_mode():
         for n in (5, 5, 12, 16, 9, 17, 1):
@@ -325,6 +325,44 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
         chosen = linear_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
         assert (chosen == "mkl") != mkl_slower
         assert (product.held is None) == mkl_slower
+
+
+@pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
+def test_release_keeps_the_copies_a_row_count_on_mkl_reads():
+    w, b = torch.randn(40, 24), torch.randn(40)
+    small, large = (linear_mod.MKLPacked(lambda: (w, b)) for _ in range(2))
+    with torch.inference_mode():
+        small(torch.randn(3, 24))  # the copy for 8 rows serves 1 to 8
+        large(torch.randn(20, 24))  # for 24 rows, in the bucket of 32
+    small.release({1})  # products of one row read the 8-row copy: kept
+    large.release({1})  # nothing on MKL reads the 24-row copy: dropped
+    assert small.held is not None and large.held is None
+    small.release({32})
+    assert small.held is None
+
+
+@needs_packing
+def test_mkl_asked_for_where_the_build_has_none_says_so_and_uses_blas(monkeypatch, capsys):
+    monkeypatch.setattr(linear_mod, "KERNEL", "mkl")
+    monkeypatch.setattr(linear_mod, "mkl_works", lambda: False)
+    linear_mod.say_no_mkl.cache_clear()
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    with torch.inference_mode(), linear_mod.packed_weights(layer):
+        assert layer.mkl_packed is None
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert "no MKL packed GEMM; BLAS computes" in capsys.readouterr().err
+    linear_mod.say_no_mkl.cache_clear()
+
+
+def test_compiled_code_takes_the_packed_copy_for_mkl(monkeypatch, measured):
+    # MKL's copy is made at its first product, which a compiled graph cannot do
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    calls = [timed_calls(measured, k, 0) for k in ("packed", "blas", "mkl")]
+    for kernel, taken in (("mkl", "packed"), ("measured", "packed"), ("blas", "blas")):
+        monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+        assert linear_mod.measured_product(linear_mod.KernelChoice(), object(),
+                                           torch.zeros(1, 4), *calls) == taken
+        assert linear_mod.settled_kernel(linear_mod.KernelChoice(), 1) == taken
 
 
 class SlowCalls:

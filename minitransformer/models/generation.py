@@ -87,9 +87,11 @@ def race(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Te
 
     The exponential race: each token draws a time q ~ Exp(1) and the first to arrive, at
     q / p, wins: token t wins with probability p_t (argmax p / q; the Gumbel-max trick with
-    exp applied). ``torch.multinomial`` draws one sample this way, so a row drawn here equals
-    the row drawn alone by ``torch.multinomial`` with the same generator (tests hold them
-    equal), and it is the same computation whether the row is drawn alone or in a batch: the
+    exp applied). ``torch.multinomial`` draws one sample this way, so for the probabilities
+    a softmax gives, a row drawn here equals the row drawn alone by ``torch.multinomial``
+    with the same generator (tests hold them equal; it also refuses rows of zeros and
+    infinities, which a softmax cannot give), and it is the same computation whether the row
+    is drawn alone or in a batch: the
     times are drawn row by row, each from its row's generator, and the rest is one division
     and one argmax for the batch (eight ``torch.multinomial`` calls took 4x as long)."""
     if not bool((probs >= 0).all()):  # NaN logits: as torch.multinomial, an error

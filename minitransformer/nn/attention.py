@@ -318,8 +318,8 @@ class MultiHeadAttention(nn.Module, Packable):
                 not all(type(p) is Linear for p in projs) or \
                 not packable(*(p.weight for p in projs)):
             return False
-        w, b = self.stacked_qkv()
-        self.packed_qkv = (pack(w), b, MKLPacked(w, b) if mkl_works() else None)
+        w, b = self.stacked_qkv()  # MKL's product stacks them again when it packs its copy
+        self.packed_qkv = (pack(w), b, MKLPacked(self.stacked_qkv) if mkl_works() else None)
         return True
 
     def stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -88,7 +88,7 @@ PACK_MIN_ELEMENTS = 1 << 16
 # fastest where it runs, ``measured_product``), or "packed", "blas" or "mkl" always. The
 # environment variable MINITRANSFORMER_KERNEL sets it: a fixed kernel makes runs with the same
 # seed repeat to the last bit from one process to the next (the measured choice may differ
-# between processes where the two are close, and the two differ in the last bits).
+# between processes where two kernels are close, and they differ in the last bits).
 KERNELS = ("measured", "packed", "blas", "mkl")
 KERNEL_ENV = "MINITRANSFORMER_KERNEL"
 
@@ -162,7 +162,7 @@ class KernelChoice:
         self.trials: dict[Bucket, Trial] = {}
         self.schedule = trial_schedule(trial_kernels())
         # the model's MKL products (``packed_weights``): a trial that chooses another kernel
-        # drops the copies its "mkl" passes made, which nothing would read again
+        # drops the copies no row count whose kernel is MKL's reads
         self.mkl_products: weakref.WeakSet[MKLPacked] = weakref.WeakSet()
         self.lock = threading.Lock()  # two threads may run one model
 
@@ -192,8 +192,9 @@ class KernelChoice:
                     self.chosen[bucket] = min(kernels, key=medians.__getitem__)
                     del self.trials[bucket]
                     if self.chosen[bucket] != "mkl":
+                        served = {b[0] for b, k in self.chosen.items() if k == "mkl"}
                         for product in list(self.mkl_products):
-                            product.release(bucket[0])
+                            product.release(served)
                     return self.chosen[bucket]
             trial.products += 1
             return trial.kernel
@@ -237,7 +238,9 @@ def measured_product(choice: KernelChoice | None, module: object, x: torch.Tenso
     packed on its own) and inside ``torch.compile``, the packed copy; zero rows, BLAS.
     """
     calls = {"packed": packed_call, "blas": blas_call, "mkl": mkl_call or blas_call}
-    if KERNEL != "measured" or choice is None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # MKL's copy is made lazily, which a graph cannot
+        return blas_call() if KERNEL == "blas" else packed_call()
+    if KERNEL != "measured" or choice is None:
         return calls["packed" if KERNEL == "measured" else KERNEL]()
     rows = x.numel() // x.shape[-1]
     if rows == 0:
@@ -255,6 +258,8 @@ def settled_kernel(choice: KernelChoice | None, rows: int) -> str | None:
     """The kernel ("packed", "blas" or "mkl") that products of ``rows`` rows take by ``choice``
     where that is settled: ``KERNEL``'s when fixed, the measured one once chosen; None while
     the trial of their bucket runs, or without a choice (``measured_product`` decides)."""
+    if torch.compiler.is_compiling():  # as ``measured_product``
+        return "blas" if KERNEL == "blas" else "packed"
     if KERNEL != "measured":
         return KERNEL
     if choice is None or rows == 0:
@@ -305,7 +310,7 @@ class Linear(nn.Linear, Packable):
             return False
         self.packed = pack(self.weight)
         if mkl_works():
-            self.mkl_packed = MKLPacked(self.weight, self.bias)
+            self.mkl_packed = MKLPacked(lambda: (self.weight, self.bias))
         return True
 
     def unpack_weights(self) -> None:
@@ -353,35 +358,45 @@ class MKLPacked:
     only for those rows. So the copy is made at the first product, for its rows rounded up
     to ``MKL_ROW_GRAIN``, and made again when a product needs other rows (a step's rows stay
     the same from step to step; a prefill's are another count). The copy must stay where it
-    is: MKL's layout depends on its address's alignment."""
+    is: MKL's layout depends on its address's alignment.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight, self.bias = weight, bias
-        self.held: tuple[int, torch.Tensor] | None = None  # (rows, copy)
+    ``source`` gives (W, b) when a copy is made: a layer's own parameters, or a stack made
+    then (self-attention's [W^Q; W^K; W^V]), held with the copy and dropped with it
+    (``release``), so that nothing is held while MKL's kernel is not used."""
+
+    def __init__(self, source: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]):
+        self.source = source
+        # (rows, copy, W, b): read and replaced whole, so that a thread sees one of them
+        self.held: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., K) -> (..., M)."""
         x2 = x.reshape(-1, x.shape[-1])  # (N, K)
         n = x2.shape[0]
-        if n == 0:
-            return F.linear(x, self.weight, self.bias)
         rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
         held = self.held  # read once: another thread may pack for its rows meanwhile
-        if held is None or held[0] != rows:
+        if held is None or (held[0] != rows and n):
+            weight, bias = self.source()
+            if n == 0:
+                return F.linear(x, weight, bias)
             with torch.inference_mode():
-                copy = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), rows)
-            held = self.held = (rows, copy)
+                copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+            held = self.held = (rows, copy, weight, bias)
+        _, copy, weight, bias = held
+        if n == 0:
+            return F.linear(x, weight, bias)
         if rows > n:
             x2 = torch.cat((x2, x2.new_zeros(rows - n, x2.shape[1])))  # (rows, K)
-        y = torch.ops.mkl._mkl_linear(x2, held[1], self.weight, self.bias, rows)  # (rows, M)
+        y = torch.ops.mkl._mkl_linear(x2, copy, weight, bias, rows)  # (rows, M)
         return y[:n].view(*x.shape[:-1], y.shape[-1])  # (..., M)
 
-    def release(self, bucket_rows: int) -> None:
-        """Drop the copy if it serves products whose rows round to ``bucket_rows`` (to the
-        next power of two, as ``KernelChoice`` groups them; the copy for 8 rows serves up to
-        8)."""
+    def release(self, served: set[int]) -> None:
+        """Drop the copy unless it serves products whose rows round (to the next power of
+        two, as ``KernelChoice`` groups them) to one of ``served``, the row counts whose
+        kernel is MKL's (the copy for 8 rows serves every count up to 8)."""
         held = self.held
-        if held is not None and next_power_of_two(held[0]) == max(bucket_rows, MKL_ROW_GRAIN):
+        if held is not None and next_power_of_two(held[0]) not in \
+                {max(rows, MKL_ROW_GRAIN) for rows in served}:
             self.held = None
 
 
@@ -428,6 +443,12 @@ def packing_works() -> bool:
 
 
 @functools.cache
+def say_no_mkl() -> None:
+    print(f"note: {KERNEL_ENV}=mkl, but this PyTorch build has no MKL packed GEMM; BLAS "
+          "computes its products", file=sys.stderr)
+
+
+@functools.cache
 def mkl_works() -> bool:
     """Whether this build has MKL's packed GEMM and it computes x W^T + b (fp32-rounding
     matches with ``F.linear`` on probes of 1 to 70 rows); False leaves the "mkl" kernel out
@@ -437,7 +458,7 @@ def mkl_works() -> bool:
     try:
         g = torch.Generator().manual_seed(0)
         w, b = torch.randn(200, 136, generator=g), torch.randn(200, generator=g)
-        product = MKLPacked(w, b)
+        product = MKLPacked(lambda: (w, b))
         with torch.inference_mode():
             return all(torch.allclose(product(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
                        for rows in (1, 3, 8, 70, 67)
@@ -462,6 +483,8 @@ def packed_weights(model: nn.Module):
     """
     packed, served = [], set()
     choice = choice_for(model)
+    if KERNEL == "mkl" and not mkl_works():
+        say_no_mkl()
     try:
         for m in model.modules():
             if not isinstance(m, Packable) or id(m) in served:
