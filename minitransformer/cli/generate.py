@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import SEED_LIMIT
 from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
@@ -50,7 +51,9 @@ def add_sample(sub) -> None:
                    help="tokens to generate per sample (default 500)")
     s.add_argument("--num-samples", "--num_samples", type=positive_int, default=1,
                    help="samples generated together in one batch; sample i draws with seed + "
-                        "i, so --seed S+i --num_samples 1 gives it alone (default 1)")
+                        "i, so --seed S+i --num_samples 1 gives it alone (to fp32 rounding: "
+                        "a batch's products may differ from one row's in the last bits, which "
+                        "can flip a token at a near-tie, rarely; in fp64 exactly) (default 1)")
     s.add_argument("--temperature", type=float, default=0.8,
                    help="0 = greedy; higher = more random (default 0.8)")
     s.add_argument("--top-k", "--top_k", type=nonneg_int, default=0,
@@ -107,6 +110,10 @@ def check_sampling_args(args) -> None:
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
     if not args.prompt:
         raise UserError("--prompt is empty: give at least one character")
+    if args.seed is not None and args.seed + args.num_samples - 1 >= SEED_LIMIT:
+        raise UserError(f"--seed {args.seed} with --num_samples {args.num_samples}: sample i "
+                        f"draws with seed + i, which must stay under 2**63, so give a seed of "
+                        f"at most {SEED_LIMIT - args.num_samples}")
 
 
 def check_window_args(args, model) -> None:
