@@ -16,7 +16,7 @@ fp32, every core, the paths take turns (``--rounds``), medians.
 Ours decodes inside one ``decoding_weights`` scope for all rounds, as ``translate`` does for
 all the batches of a file (``translate_many``): the weights are packed once, not per batch.
 That one-time packing is timed and printed apart, and so is which kernel the products of each
-row count took (``nn.linear.measured_product``): ours decodes untimed batches first until
+row count took (``nn.kernels.measured_product``): ours decodes untimed batches first until
 its kernels are chosen (the encoder's in about eight), Hugging Face's one.
 """
 
@@ -34,7 +34,7 @@ from minitransformer.config import Seq2SeqConfig
 from minitransformer.models import Seq2SeqTransformer
 from minitransformer.models.decoding import beam_search, greedy_decode, pad_batch
 from minitransformer.models.generation import decoding_weights
-from minitransformer.nn import linear as linear_mod
+from minitransformer.nn import kernels as kernels_mod
 from minitransformer.presets import SEQ2SEQ
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -120,11 +120,11 @@ def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
     with decoding_weights(ours):  # once for every round, as for the batches of a file
         result = {"pack_seconds": time.perf_counter() - t0}
         with torch.inference_mode():  # warm-up: first calls allocate, and our kernels are
-            for beam in beams:           # chosen (nn.linear.measured_product: the encoder's
+            for beam in beams:           # chosen (nn.kernels.measured_product: the encoder's
                 run_hf(hf, src, beam, steps)  # takes a few batches)
                 for _ in range(WARM_UP_BATCHES):
                     run_ours(ours, src, beam, steps)
-                    if not linear_mod.choice_for(ours).trials:
+                    if not kernels_mod.choice_for(ours).trials:
                         break
         for beam in beams:
             times = {"ours": [], "hf": []}
@@ -140,7 +140,7 @@ def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
 def kernels_chosen(model) -> str:
     """Which kernel ``model``'s products took, per row count (to the next power of two) and
     threads."""
-    choice = linear_mod._choices.get(model)
+    choice = kernels_mod._choices.get(model)
     chosen = sorted(choice.chosen.items()) if choice is not None else []
     return "products of " + ", ".join(
         f"{rows} rows on {threads} threads: {kernel}"

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minitransformer.nn import kernels as kernels_mod
 from minitransformer.nn import linear as linear_mod
 from minitransformer.nn.attention import MultiHeadAttention
 from minitransformer.nn.block import DecoderBlock
@@ -75,7 +76,7 @@ def _pack_small(monkeypatch):
     more are packed), and compute from the packed copies (outside tests, where measured
     faster)."""
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(linear_mod, "KERNEL", "packed")
+    monkeypatch.setattr(kernels_mod, "KERNEL", "packed")
 
 
 TWO = ("packed", "blas")
@@ -85,8 +86,8 @@ TWO = ("packed", "blas")
 def measured(monkeypatch):
     """The measured choice between oneDNN's packed copy and BLAS (MKL's packed GEMM, where it
     works, has tests of its own); returns a log of the kernels that ran."""
-    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
-    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: TWO)
+    monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: TWO)
     return []
 
 
@@ -104,16 +105,16 @@ def run_passes(choice, modules: dict, n: int, rows: int = 1) -> None:
     x = torch.zeros(rows, 4)
     for _ in range(n):
         for module, calls in modules.items():
-            linear_mod.measured_product(choice, module, x, *calls)
+            kernels_mod.measured_product(choice, module, x, *calls)
 
 
-TRIAL_PASSES = len(linear_mod.trial_schedule(TWO))
+TRIAL_PASSES = len(kernels_mod.trial_schedule(TWO))
 
 
 def test_trial_schedule_puts_every_kernel_at_the_same_mean_and_median_pass():
-    assert linear_mod.trial_schedule(TWO) == ("packed", "blas") + (
+    assert kernels_mod.trial_schedule(TWO) == ("packed", "blas") + (
         "packed", "blas", "blas", "packed") * 2
-    three = linear_mod.trial_schedule(("packed", "blas", "mkl"))
+    three = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
     timed = three[3:]
     for kernel in ("packed", "blas", "mkl"):
         at = [i for i, k in enumerate(timed) if k == kernel]
@@ -122,13 +123,13 @@ def test_trial_schedule_puts_every_kernel_at_the_same_mean_and_median_pass():
 
 
 def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
-    choice = linear_mod.KernelChoice()
+    choice = kernels_mod.KernelChoice()
     first, second = object(), object()
     modules = {first: (timed_calls(measured, "packed", 0.002), timed_calls(measured, "blas", 0)),
                second: (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))}
     run_passes(choice, modules, TRIAL_PASSES)
     # each pass on one kernel (a pass mixing the two would be slower than either)
-    assert measured == [kernel for kernel in linear_mod.trial_schedule(TWO) for _ in range(2)]
+    assert measured == [kernel for kernel in kernels_mod.trial_schedule(TWO) for _ in range(2)]
     assert measured[:6] == ["packed", "packed", "blas", "blas", "packed", "packed"]
     measured.clear()
     run_passes(choice, modules, 1)  # the pass that closes the last trial pass decides
@@ -138,14 +139,14 @@ def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measur
     measured.clear()
     # another row count (to the next power of two), or another model's choice: measured anew
     run_passes(choice, modules, 1, rows=3)
-    run_passes(linear_mod.KernelChoice(), modules, 1)
+    run_passes(kernels_mod.KernelChoice(), modules, 1)
     assert measured == ["packed"] * 4
 
 
 def test_the_last_product_of_a_long_pass_counts(measured):
     # twelve layers of products level on both kernels, then an output layer much slower on
     # the packed copy: the pass, whole, is faster on BLAS
-    choice = linear_mod.KernelChoice()
+    choice = kernels_mod.KernelChoice()
     level = (timed_calls(measured, "packed", 0.0002), timed_calls(measured, "blas", 0.0002))
     modules = {object(): level for _ in range(12)}
     modules[object()] = (timed_calls(measured, "packed", 0.01), timed_calls(measured, "blas", 0))
@@ -156,21 +157,21 @@ def test_the_last_product_of_a_long_pass_counts(measured):
 def test_a_pass_is_timed_whole_with_the_work_between_its_products(measured):
     # the packed products are the faster, but they slow the work after them (as a kernel
     # that leaves the caches cold would): the passes, whole, are faster on BLAS
-    choice, x = linear_mod.KernelChoice(), torch.zeros(1, 4)
+    choice, x = kernels_mod.KernelChoice(), torch.zeros(1, 4)
     first, second = object(), object()
     calls = (timed_calls(measured, "packed", 0.0), timed_calls(measured, "blas", 0.002))
     for _ in range(TRIAL_PASSES + 1):
-        linear_mod.measured_product(choice, first, x, *calls)
+        kernels_mod.measured_product(choice, first, x, *calls)
         time.sleep(0.02 if measured[-1] == "packed" else 0.0)  # the work in between
-        linear_mod.measured_product(choice, second, x, *calls)
+        kernels_mod.measured_product(choice, second, x, *calls)
     assert choice.chosen == {(1, torch.get_num_threads()): "blas"}
 
 
 def test_a_trial_whose_anchor_stops_computing_starts_again(measured, monkeypatch):
     # the module that opened the trial computes no more (a LoRA merge put the stacked q, k, v
     # in its place): the trial starts again from the module that does
-    monkeypatch.setattr(linear_mod, "MAX_PASS_PRODUCTS", 5)
-    choice, gone, stays = linear_mod.KernelChoice(), object(), object()
+    monkeypatch.setattr(kernels_mod, "MAX_PASS_PRODUCTS", 5)
+    choice, gone, stays = kernels_mod.KernelChoice(), object(), object()
     calls = (timed_calls(measured, "packed", 0.002), timed_calls(measured, "blas", 0.0))
     run_passes(choice, {gone: calls, stays: calls}, 2)
     run_passes(choice, {stays: calls}, 5 + TRIAL_PASSES + 1)
@@ -178,37 +179,37 @@ def test_a_trial_whose_anchor_stops_computing_starts_again(measured, monkeypatch
 
 
 def test_thread_count_and_zero_rows(measured, monkeypatch):
-    choice, module = linear_mod.KernelChoice(), object()
+    choice, module = kernels_mod.KernelChoice(), object()
     calls = (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))
-    assert linear_mod.measured_product(choice, module, torch.zeros(0, 4), *calls) == "blas"
+    assert kernels_mod.measured_product(choice, module, torch.zeros(0, 4), *calls) == "blas"
     assert not choice.trials and not choice.chosen  # an empty product decides nothing
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
-    linear_mod.measured_product(choice, module, torch.zeros(5, 4), *calls)
+    kernels_mod.measured_product(choice, module, torch.zeros(5, 4), *calls)
     assert list(choice.trials) == [(8, 7)]  # 5 rows on 7 threads
 
 
 def test_next_power_of_two():
-    assert [linear_mod.next_power_of_two(n) for n in (1, 2, 3, 4, 5, 6, 8, 9)] == \
+    assert [kernels_mod.next_power_of_two(n) for n in (1, 2, 3, 4, 5, 6, 8, 9)] == \
         [1, 2, 4, 4, 8, 8, 8, 16]
 
 
 def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
-    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
-    choice = linear_mod.KernelChoice()
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    choice = kernels_mod.KernelChoice()
     calls = (timed_calls(measured, "packed", 0.003), timed_calls(measured, "blas", 0.002),
              timed_calls(measured, "mkl", 0))
     run_passes(choice, {object(): calls}, 16)
-    assert measured[:15] == list(linear_mod.trial_schedule(("packed", "blas", "mkl")))
+    assert measured[:15] == list(kernels_mod.trial_schedule(("packed", "blas", "mkl")))
     assert choice.chosen == {(1, torch.get_num_threads()): "mkl"} and measured[15] == "mkl"
     # a product without MKL's copy computes the "mkl" kernel's share on BLAS
-    assert linear_mod.measured_product(choice, object(), torch.zeros(1, 4), *calls[:2]) == \
+    assert kernels_mod.measured_product(choice, object(), torch.zeros(1, 4), *calls[:2]) == \
         "blas"
 
 
 @pytest.mark.parametrize("kernel", ["packed", "blas", "mkl"])
 def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
-    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
-    choice = linear_mod.KernelChoice()
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
+    choice = kernels_mod.KernelChoice()
     run_passes(choice, {object(): (timed_calls(measured, "packed", 0),
                                    timed_calls(measured, "blas", 0),
                                    timed_calls(measured, "mkl", 0))}, TRIAL_PASSES + 1)
@@ -220,10 +221,10 @@ def test_a_fixed_kernel_is_never_measured(measured, monkeypatch, kernel):
                                           ("fast", "measured")])
 def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
     if value is None:
-        monkeypatch.delenv(linear_mod.KERNEL_ENV, raising=False)
+        monkeypatch.delenv(kernels_mod.KERNEL_ENV, raising=False)
     else:
-        monkeypatch.setenv(linear_mod.KERNEL_ENV, value)
-    assert linear_mod.kernel_setting() == kernel
+        monkeypatch.setenv(kernels_mod.KERNEL_ENV, value)
+    assert kernels_mod.kernel_setting() == kernel
     assert ("is not one of" in capsys.readouterr().err) == (value == "fast")
 
 
@@ -231,14 +232,14 @@ def test_the_kernel_from_the_environment(monkeypatch, capsys, value, kernel):
 def test_measured_products_equal_f_linear_on_every_kernel(measured, monkeypatch):
     monkeypatch.undo()  # every kernel this build has
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
     block = DecoderBlock(32, 4, 64, cross_attention=False).eval()
     h = torch.randn(2, 3, 32)
     kernels = []
     block.ffn.proj.register_forward_hook(
         lambda m, i, o: kernels.append(m.kernels.trials[(8, torch.get_num_threads())].kernel
                                        if m.kernels and m.kernels.trials else None))
-    schedule = linear_mod.trial_schedule(linear_mod.trial_kernels())
+    schedule = kernels_mod.trial_schedule(kernels_mod.trial_kernels())
     with torch.inference_mode():
         ref = block(h)[0]
         for _ in range(len(schedule) + 2):  # the trial, then the choice: a scope per call,
@@ -247,7 +248,7 @@ def test_measured_products_equal_f_linear_on_every_kernel(measured, monkeypatch)
                 torch.testing.assert_close(block(h)[0], ref, rtol=1e-5, atol=1e-5)
     assert kernels[1:len(schedule) + 1] == list(schedule)  # every kernel ran
     assert block.ffn.fc.kernels is None and "kernels" not in vars(block.ffn.fc)
-    choice = linear_mod._choices[block]  # the model's, kept across its scopes
+    choice = kernels_mod._choices[block]  # the model's, kept across its scopes
     assert set(choice.chosen) == {(8, torch.get_num_threads())}  # 6 rows: to 8
     assert copy.deepcopy(choice) is not choice  # a copied model measures anew
 
@@ -267,7 +268,7 @@ def test_small_weights_keep_blas(monkeypatch):
 @pytest.mark.parametrize("kernel", ["packed", pytest.param("mkl", marks=pytest.mark.skipif(
     not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))])
 def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
-    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
     layer = Linear(24, 40, bias=bias)
     x = torch.randn(*shape)
     with torch.inference_mode():
@@ -287,7 +288,7 @@ def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 def test_mkl_copy_is_packed_for_the_rows_rounded_up_and_again_only_when_they_change():
     w, b = torch.randn(40, 24), torch.randn(40)
-    product = linear_mod.MKLPacked(lambda: (w, b))
+    product = kernels_mod.MKLPacked(lambda: (w, b))
     made, copies = [], []
     with torch.inference_mode():
         for n in (5, 5, 12, 16, 9, 17, 1):
@@ -302,14 +303,14 @@ def test_mkl_copy_is_packed_for_the_rows_rounded_up_and_again_only_when_they_cha
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 @pytest.mark.parametrize("mkl_slower", [True, False])
 def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, mkl_slower):
-    monkeypatch.setattr(linear_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
-    product_of = linear_mod.MKLPacked.__call__
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    product_of = kernels_mod.MKLPacked.__call__
 
     def timed(self, x):
         time.sleep(0.004 if mkl_slower else 0.0)
         return product_of(self, x)
 
-    monkeypatch.setattr(linear_mod.MKLPacked, "__call__", timed)
+    monkeypatch.setattr(kernels_mod.MKLPacked, "__call__", timed)
     if not mkl_slower:  # the other two slower
         for name in ("packed_linear", "F"):
             real = getattr(linear_mod, name)
@@ -322,7 +323,7 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
         assert product.held is not None and product.held[0] == 8  # 3 rows padded to 8
         for _ in range(13):  # the timed passes, then the choice
             layer(x)
-        chosen = linear_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
+        chosen = kernels_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
         assert (chosen == "mkl") != mkl_slower
         assert (product.held is None) == mkl_slower
 
@@ -330,7 +331,7 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 def test_release_keeps_the_copies_a_row_count_on_mkl_reads():
     w, b = torch.randn(40, 24), torch.randn(40)
-    small, large = (linear_mod.MKLPacked(lambda: (w, b)) for _ in range(2))
+    small, large = (kernels_mod.MKLPacked(lambda: (w, b)) for _ in range(2))
     with torch.inference_mode():
         small(torch.randn(3, 24))  # the copy for 8 rows serves 1 to 8
         large(torch.randn(20, 24))  # for 24 rows, in the bucket of 32
@@ -343,15 +344,15 @@ def test_release_keeps_the_copies_a_row_count_on_mkl_reads():
 
 @needs_packing
 def test_mkl_asked_for_where_the_build_has_none_says_so_and_uses_blas(monkeypatch, capsys):
-    monkeypatch.setattr(linear_mod, "KERNEL", "mkl")
+    monkeypatch.setattr(kernels_mod, "KERNEL", "mkl")
     monkeypatch.setattr(linear_mod, "mkl_works", lambda: False)
-    linear_mod.say_no_mkl.cache_clear()
+    kernels_mod.say_no_mkl.cache_clear()
     layer, x = Linear(24, 40), torch.randn(3, 24)
     with torch.inference_mode(), linear_mod.packed_weights(layer):
         assert layer.mkl_packed is None
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
     assert "no MKL packed GEMM; BLAS computes" in capsys.readouterr().err
-    linear_mod.say_no_mkl.cache_clear()
+    kernels_mod.say_no_mkl.cache_clear()
 
 
 def test_compiled_code_takes_the_packed_copy_for_mkl(monkeypatch, measured):
@@ -359,10 +360,10 @@ def test_compiled_code_takes_the_packed_copy_for_mkl(monkeypatch, measured):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     calls = [timed_calls(measured, k, 0) for k in ("packed", "blas", "mkl")]
     for kernel, taken in (("mkl", "packed"), ("measured", "packed"), ("blas", "blas")):
-        monkeypatch.setattr(linear_mod, "KERNEL", kernel)
-        assert linear_mod.measured_product(linear_mod.KernelChoice(), object(),
+        monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
+        assert kernels_mod.measured_product(kernels_mod.KernelChoice(), object(),
                                            torch.zeros(1, 4), *calls) == taken
-        assert linear_mod.settled_kernel(linear_mod.KernelChoice(), 1) == taken
+        assert kernels_mod.settled_kernel(kernels_mod.KernelChoice(), 1) == taken
 
 
 class SlowCalls:
@@ -419,7 +420,7 @@ def test_without_onednn_nothing_is_packed(monkeypatch):
 @pytest.mark.parametrize("kw", [dict(), dict(bias=False), dict(n_kv_head=1),
                                 dict(qk_norm=True)])
 def test_stacked_qkv_equals_the_three_projections(monkeypatch, kw, kernel):
-    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
     attn = MultiHeadAttention(32, 4, causal=True, **kw).eval()
     x = torch.randn(2, 5, 32)
     with torch.inference_mode():
@@ -493,7 +494,7 @@ def test_only_plain_fp32_tensors_are_packable(monkeypatch):
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "relu2"])
 def test_feedforward_with_its_activation_fused_equals_the_reference(monkeypatch, activation,
                                                                     kernel):
-    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
     ffn = FeedForward(32, 64, activation).eval()
     x = torch.randn(2, 3, 32)
     with torch.inference_mode():
@@ -501,7 +502,7 @@ def test_feedforward_with_its_activation_fused_equals_the_reference(monkeypatch,
         with linear_mod.packed_weights(ffn):
             y = ffn(x)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    fused = linear_mod.fused_activation(ffn.act)
+    fused = kernels_mod.fused_activation(ffn.act)
     assert (fused is None) == (activation == "relu2")  # ReLU^2 has no oneDNN post-op
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from minitransformer.nn import kernels as kernels_mod
 from minitransformer.nn import linear as linear_mod
 from minitransformer.nn import step as step_mod
 from minitransformer.nn.attention import KVCache
@@ -72,7 +73,7 @@ KERNELS = ["packed", "blas", pytest.param("mkl", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("kw", VARIANTS)
 def test_the_step_equals_the_modules(monkeypatch, plan_runs, kw, kernel):
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)  # packed copies take part too
-    monkeypatch.setattr(linear_mod, "KERNEL", kernel)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
     block = make_block(**kw)
     memory, mask = source() if block.cross_attn is not None else (None, None)
     xs = torch.randn(3, 6, C)
@@ -158,14 +159,14 @@ def test_measured_kernels_trial_through_the_modules_then_read_the_weights(monkey
     # While a row count's kernel is on trial the plan's products go through the modules,
     # which time them; once it is chosen they read that kernel's weights directly.
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(linear_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
     block = make_block()
     memory, mask = source()
-    xs = torch.randn(3, 2 * len(linear_mod.trial_schedule(linear_mod.trial_kernels())) + 2, C)
+    xs = torch.randn(3, 2 * len(kernels_mod.trial_schedule(kernels_mod.trial_kernels())) + 2, C)
     ref = decode(block, xs, memory, mask)
     with linear_mod.packed_weights(block):
         y = decode(block, xs, memory, mask)
-        chosen = linear_mod._choices[block].chosen[(4, torch.get_num_threads())]
+        chosen = kernels_mod._choices[block].chosen[(4, torch.get_num_threads())]
         assert set(block.step_plan.parts) == {None, chosen}
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 

@@ -34,18 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import (
-    Linear,
-    MKLPacked,
-    Packable,
-    drop_attribute,
-    measured_product,
-    mkl_works,
-    pack,
-    packable,
-    packed_linear,
-    use_packed,
-)
+from .kernels import MKLPacked, measured_product, mkl_works, pack, packed_linear
+from .linear import Linear, Packable, drop_attribute, packable, use_packed
 from .mask import causal_mask, combine
 from .norm import RMSNorm
 from .positional import ALiBi, RotaryEmbedding
@@ -288,7 +278,7 @@ class MultiHeadAttention(nn.Module, Packable):
         ``packed_weights`` as one product with the three weights stacked, [W^Q; W^K; W^V],
         which reads them in one call (a decoding step's three small products are each too
         short to keep every core busy), where that is measured the faster
-        (``nn.linear.measured_product``)."""
+        (``nn.kernels.measured_product``)."""
         stacked = self.packed_qkv
         if use_packed(stacked, x):
             packed, b, mkl = stacked

@@ -28,9 +28,9 @@ hold the two equal):
   positions, attention weights asked for, training, gradients, a dtype other than fp32, a
   device other than the CPU.
 RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules. The
-products take the kernel their row count settled on (``nn.linear.settled_kernel``: oneDNN's
+products take the kernel their row count settled on (``nn.kernels.settled_kernel``: oneDNN's
 packed copy, BLAS or MKL's packed copy) and read its weights directly; while that kernel is
-on trial they go through their modules, which time them (``measured_product``). W^Q, W^K
+on trial they go through their modules, which time them (``nn.kernels.measured_product``). W^Q, W^K
 and W^V too small to pack are read as one product from a plain stacked copy the plan holds
 (one product in place of three: 6% of a cpu-small greedy translation).
 
@@ -49,16 +49,8 @@ from torch.nn.modules import module as module_hooks  # the global module hooks
 
 from .attention import KVCache, MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
-from .linear import (
-    Linear,
-    MKLPacked,
-    fused_activation,
-    linear_then,
-    packed_linear,
-    settled_kernel,
-    stackable,
-    use_packed,
-)
+from .kernels import MKLPacked, fused_activation, packed_linear, settled_kernel
+from .linear import Linear, linear_then, stackable, use_packed
 from .norm import RMSNorm
 
 
