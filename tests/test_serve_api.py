@@ -102,6 +102,8 @@ def test_same_seed_same_text_and_n_choices_seeded_seed_plus_i(client, run):
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
     assert [c.index for c in a.choices] == [0, 1]
     assert [c.text for c in a.choices] == [reference(run, PROMPT, 12, 3 + i) for i in range(2)]
+    assert a.usage.prompt_tokens == len(PROMPT)  # the prompt once, whatever n
+    assert a.usage.completion_tokens == 24
 
 
 def test_a_list_of_prompts(client, run):

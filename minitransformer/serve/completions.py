@@ -196,7 +196,8 @@ def _rows(job, plan: Plan, p: int) -> list[Row]:
 
 
 def _usage(plan: Plan, rows: list[Row]) -> dict:
-    prompt = sum(len(i) for i in plan.ids) * plan.n
+    """Each prompt's tokens counted once, whatever ``n`` (as OpenAI's API counts them)."""
+    prompt = sum(len(i) for i in plan.ids)
     completion = sum(r.produced for r in rows)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
