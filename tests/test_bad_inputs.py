@@ -259,3 +259,12 @@ def test_compare_never_writes_over_a_run_or_another_comparison(run_dir, tmp_path
     (earlier / "results.json").write_text("[]", encoding="utf-8")
     check_user_error(capsys, [*vary, earlier], "comparison's results", "--force")
     assert (earlier / "results.json").read_text(encoding="utf-8") == "[]"
+
+
+def test_a_kernel_setting_that_is_not_one_is_refused(run_dir, monkeypatch, capsys):
+    monkeypatch.setenv("MINITRANSFORMER_KERNEL", "BLAS")
+    check_user_error(capsys, ["sample", run_dir, "--max_new_tokens", 2],
+                     "MINITRANSFORMER_KERNEL='BLAS' is not one of", "blas")
+    monkeypatch.setenv("MINITRANSFORMER_KERNEL", "blas")
+    assert main(["sample", str(run_dir), "--max_new_tokens", "2", "--seed", "0",
+                 "--prompt", "h"]) == 0

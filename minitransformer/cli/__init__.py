@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UserError
+from ..nn.kernels import kernel_setting_problem
 from . import compare, evaluate, generate, hf, inspect, prepare, presets, serve, toy, train
 from .flags import Parser
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     prog = f"minitransformer {args.command}"  # as argparse names its own errors
     try:
+        if (problem := kernel_setting_problem()) is not None:
+            raise UserError(f"{problem} (unset it to let each model measure)")
         return args.func(args) or 0
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

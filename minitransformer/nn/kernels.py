@@ -52,14 +52,28 @@ KERNEL_ENV = "MINITRANSFORMER_KERNEL"
 
 
 def kernel_setting() -> str:
-    """``KERNEL`` from the environment (unset or empty: measured); a value that is not one
-    of ``KERNELS`` is said on stderr and the measured choice is used."""
+    """``KERNEL`` from the environment: unset, empty or not one of ``KERNELS``, measured
+    (the command line refuses a value that is not, ``kernel_setting_problem``; a program
+    that decodes is told once, ``note_kernel_setting``)."""
     value = os.environ.get(KERNEL_ENV) or "measured"
-    if value not in KERNELS:
-        print(f"note: {KERNEL_ENV}={value!r} is not one of {', '.join(KERNELS)}; measuring",
-              file=sys.stderr)
-        return "measured"
-    return value
+    return value if value in KERNELS else "measured"
+
+
+def kernel_setting_problem() -> str | None:
+    """What is wrong with the environment's MINITRANSFORMER_KERNEL, or None."""
+    value = os.environ.get(KERNEL_ENV)
+    if value and value not in KERNELS:
+        return f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNELS)}"
+    return None
+
+
+@functools.cache
+def note_kernel_setting() -> None:
+    """Say once on stderr that a MINITRANSFORMER_KERNEL that is not one of ``KERNELS`` was
+    taken as measured (at the first decoding scope, not at import)."""
+    problem = kernel_setting_problem()
+    if problem is not None:
+        print(f"note: {problem}; measuring", file=sys.stderr)
 
 
 KERNEL = kernel_setting()

@@ -169,6 +169,7 @@ def packed_weights(model: nn.Module):
     """
     packed, served = [], set()
     choice = choice_for(model)
+    kernels.note_kernel_setting()
     if kernels.KERNEL == "mkl" and not mkl_works():
         kernels.say_no_mkl()
     try:
