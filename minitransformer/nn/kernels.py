@@ -284,18 +284,16 @@ class MKLPacked:
         """(..., K) -> (..., M)."""
         x2 = x.reshape(-1, x.shape[-1])  # (N, K)
         n = x2.shape[0]
+        if n == 0:  # no rows to pack for
+            return F.linear(x, *self.source())
         rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
         held = self.held  # read once: another thread may pack for its rows meanwhile
-        if held is None or (held[0] != rows and n):
+        if held is None or held[0] != rows:
             weight, bias = self.source()
-            if n == 0:
-                return F.linear(x, weight, bias)
             with torch.inference_mode():
                 copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
             held = self.held = (rows, copy, weight, bias)
         _, copy, weight, bias = held
-        if n == 0:
-            return F.linear(x, weight, bias)
         if rows > n:
             x2 = torch.cat((x2, x2.new_zeros(rows - n, x2.shape[1])))  # (rows, K)
         y = torch.ops.mkl._mkl_linear(x2, copy, weight, bias, rows)  # (rows, M)
