@@ -91,9 +91,9 @@ def race(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Te
     a softmax gives, a row drawn here equals the row drawn alone by ``torch.multinomial``
     with the same generator (tests hold them equal; it also refuses rows of zeros and
     infinities, which a softmax cannot give), and it is the same computation whether the row
-    is drawn alone or in a batch: the
-    times are drawn row by row, each from its row's generator, and the rest is one division
-    and one argmax for the batch (eight ``torch.multinomial`` calls took 4x as long)."""
+    is drawn alone or in a batch: the times are drawn row by row, each from its row's
+    generator, and the rest is one division and one argmax for the batch (eight
+    ``torch.multinomial`` calls took 4x as long)."""
     if not bool((probs >= 0).all()):  # NaN logits: as torch.multinomial, an error
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     times = torch.empty_like(probs)  # (B, V)

@@ -30,9 +30,9 @@ hold the two equal):
 RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules. The
 products take the kernel their row count settled on (``nn.kernels.settled_kernel``: oneDNN's
 packed copy, BLAS or MKL's packed copy) and read its weights directly; while that kernel is
-on trial they go through their modules, which time them (``nn.kernels.measured_product``). W^Q, W^K
-and W^V too small to pack are read as one product from a plain stacked copy the plan holds
-(one product in place of three: 6% of a cpu-small greedy translation).
+on trial they go through their modules, which time them (``nn.kernels.measured_product``).
+W^Q, W^K and W^V too small to pack are read as one product from a plain stacked copy the
+plan holds (one product in place of three: 6% of a cpu-small greedy translation).
 
 Shapes: B rows, C channels, nh heads, nkv key/value heads, hs head size, T cached positions.
 """
