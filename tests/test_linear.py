@@ -291,18 +291,21 @@ def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
 
 
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
-def test_mkl_copy_is_packed_for_the_rows_rounded_up_and_again_only_when_they_change():
+def test_mkl_copies_are_packed_for_the_rows_rounded_up_and_the_last_two_kept():
     w, b = torch.randn(40, 24), torch.randn(40)
     product = kernels_mod.MKLPacked(lambda: (w, b))
     made, copies = [], []
     with torch.inference_mode():
-        for n in (5, 5, 12, 16, 9, 17, 1):
+        for n in (5, 12, 3, 16, 9, 17, 1):
             x = torch.randn(n, 24)
             torch.testing.assert_close(product(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-            made.append(product.held[0])
-            copies.append(product.held[1])
-    assert made == [8, 8, 16, 16, 16, 24, 8]  # rounded up to a multiple of 8
-    assert len({id(c) for c in copies}) == 4  # a copy for 8, 16, 24 and 8 rows again
+            made.append([e[0] for e in product.held])
+            copies.append(product.held[0][1])
+    assert made == [[8], [16, 8], [8, 16], [16, 8], [16, 8], [24, 16], [8, 24]]
+    # a step's 8 rows and a prefill's 16 take turns without packing again; 24 rows then drop
+    # the copy for 8, which is made anew
+    assert copies[2] is copies[0] and copies[3] is copies[1] and copies[4] is copies[1]
+    assert len({id(c) for c in copies}) == 4 and copies[6] is not copies[0]
 
 
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
@@ -325,12 +328,12 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
         product = layer.mkl_packed
         for _ in range(3):  # one warm-up pass on each kernel, each pass one product here
             layer(x)
-        assert product.held is not None and product.held[0] == 8  # 3 rows padded to 8
+        assert [e[0] for e in product.held] == [8]  # 3 rows padded to 8
         for _ in range(13):  # the timed passes, then the choice
             layer(x)
         chosen = kernels_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
         assert (chosen == "mkl") != mkl_slower
-        assert (product.held is None) == mkl_slower
+        assert (not product.held) == mkl_slower
 
 
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
@@ -340,11 +343,12 @@ def test_release_keeps_the_copies_a_row_count_on_mkl_reads():
     with torch.inference_mode():
         small(torch.randn(3, 24))  # the copy for 8 rows serves 1 to 8
         large(torch.randn(20, 24))  # for 24 rows, in the bucket of 32
+        large(torch.randn(2, 24))  # and one for 8
     small.release({1})  # products of one row read the 8-row copy: kept
-    large.release({1})  # nothing on MKL reads the 24-row copy: dropped
-    assert small.held is not None and large.held is None
+    large.release({1})  # nothing on MKL reads the 24-row copy: dropped, the 8-row one kept
+    assert [e[0] for e in small.held] == [8] and [e[0] for e in large.held] == [8]
     small.release({32})
-    assert small.held is None
+    assert small.held == ()
 
 
 @needs_packing

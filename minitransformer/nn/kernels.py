@@ -257,6 +257,9 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 # then need a new copy every 8, not every row (a product of a few rows reads W once, so the
 # padding rows cost little; the trials time them).
 MKL_ROW_GRAIN = 8
+# MKL copies kept per weight, the latest used (``MKLPacked``): a generation's steps and its
+# prefills each keep theirs.
+MKL_COPIES = 2
 
 
 class MKLPacked:
@@ -266,10 +269,12 @@ class MKLPacked:
 
     MKL packs W for the number of rows it is told (a copy packed for one row computed 8
     rows 25% slower here than one packed for 8), and PyTorch's op computes from the copy
-    only for those rows. So the copy is made at the first product, for its rows rounded up
-    to ``MKL_ROW_GRAIN``, and made again when a product needs other rows (a step's rows stay
-    the same from step to step; a prefill's are another count). The copy must stay where it
-    is: MKL's layout depends on its address's alignment.
+    only for those rows. So a copy is made at the first product of a row count, for its rows
+    rounded up to ``MKL_ROW_GRAIN``, and the last ``MKL_COPIES`` copies are kept: a
+    generation's steps and its context shifts' prefills each find theirs (with one copy, a
+    batch of 8 packed every weight twice at each shift: 8% of its time), and a row count
+    that no kept copy serves packs anew. A copy must stay where it is: MKL's layout depends
+    on its address's alignment.
 
     ``source`` gives (W, b) when a copy is made: a layer's own parameters, or a stack made
     then (self-attention's [W^Q; W^K; W^V]), held with the copy and dropped with it
@@ -277,8 +282,9 @@ class MKLPacked:
 
     def __init__(self, source: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]):
         self.source = source
-        # (rows, copy, W, b): read and replaced whole, so that a thread sees one of them
-        self.held: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        # ((rows, copy, W, b), ...), the latest first: read and replaced whole, so that a
+        # thread sees one whole tuple
+        self.held: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None], ...] = ()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., K) -> (..., M)."""
@@ -288,25 +294,27 @@ class MKLPacked:
             return F.linear(x, *self.source())
         rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
         held = self.held  # read once: another thread may pack for its rows meanwhile
-        if held is None or held[0] != rows:
+        entry = next((e for e in held if e[0] == rows), None)
+        if entry is None:
             weight, bias = self.source()
             with torch.inference_mode():
                 copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
-            held = self.held = (rows, copy, weight, bias)
-        _, copy, weight, bias = held
+            entry = (rows, copy, weight, bias)
+            self.held = (entry,) + held[:MKL_COPIES - 1]
+        elif entry is not held[0]:
+            self.held = (entry,) + tuple(e for e in held if e is not entry)
+        _, copy, weight, bias = entry
         if rows > n:
             x2 = torch.cat((x2, x2.new_zeros(rows - n, x2.shape[1])))  # (rows, K)
         y = torch.ops.mkl._mkl_linear(x2, copy, weight, bias, rows)  # (rows, M)
         return y[:n].view(*x.shape[:-1], y.shape[-1])  # (..., M)
 
     def release(self, served: set[int]) -> None:
-        """Drop the copy unless it serves products whose rows round (to the next power of
-        two, as ``KernelChoice`` groups them) to one of ``served``, the row counts whose
+        """Drop the copies except those serving products whose rows round (to the next power
+        of two, as ``KernelChoice`` groups them) to one of ``served``, the row counts whose
         kernel is MKL's (the copy for 8 rows serves every count up to 8)."""
-        held = self.held
-        if held is not None and next_power_of_two(held[0]) not in \
-                {max(rows, MKL_ROW_GRAIN) for rows in served}:
-            self.held = None
+        buckets = {max(rows, MKL_ROW_GRAIN) for rows in served}
+        self.held = tuple(e for e in self.held if next_power_of_two(e[0]) in buckets)
 
 
 def fused_activation(act: nn.Module) -> tuple[str, str] | None:
