@@ -161,6 +161,35 @@ def test_kv_cache_grows_past_its_first_allocation():
     torch.testing.assert_close(v, -ks)
 
 
+def test_kv_cache_made_for_its_capacity_and_cleared_keeps_its_storage():
+    cache = KVCache(capacity=100)
+    ks = torch.randn(2, 3, 100, 4)
+    cache.update(ks[:, :, :40], ks[:, :, :40])
+    storage = cache._k.data_ptr()
+    for i in range(40, 100):  # up to its capacity: never grown
+        cache.update(ks[:, :, i:i + 1], ks[:, :, i:i + 1])
+    assert cache._k.data_ptr() == storage and cache._k.shape[1] == 100
+    cache.clear()  # a window rebuilt: its positions written where the last ones were
+    assert cache.length == 0 and cache.k.shape[2] == 0
+    k, v = cache.update(-ks[:, :, :30], ks[:, :, :30])
+    assert cache._k.data_ptr() == storage
+    torch.testing.assert_close(k, -ks[:, :, :30])
+    torch.testing.assert_close(v, ks[:, :, :30])
+
+
+def test_clearing_a_filled_cache_leaves_the_source_keys_alone():
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    kept = k.clone()
+    cache = KVCache()
+    cache.fill(k, v)  # views of the source's keys, not a copy
+    cache.clear()
+    cache.update(torch.zeros(2, 3, 2, 4), torch.zeros(2, 3, 2, 4))  # a storage of its own
+    assert torch.equal(k, kept)
+    cache.clear()
+    cache.fill(k, v)  # and it can take the source's keys again
+    assert cache.length == 5
+
+
 # ---- MultiHeadAttention == torch.nn.MultiheadAttention with the same weights ------------
 
 def _torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:

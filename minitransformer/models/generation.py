@@ -147,6 +147,13 @@ def roll_cache(model, cache, n: int) -> None:
         layer.self_attn.drop_front(self_cache, n)
 
 
+def clear_cache(cache) -> None:
+    """Empty every cache of a decoder-only model, keeping their storage (``KVCache.clear``),
+    so that the window's prefill after a shift writes where the last one did."""
+    for self_cache, _ in cache:
+        self_cache.clear()
+
+
 def decoding_weights(model, use_cache: bool = True):
     """The scope cached decoding runs in: ``model``'s weights packed for one-row products
     (``nn.linear.packed_weights``); the uncached reference path keeps the plain weights.
@@ -201,7 +208,9 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
             if not use_cache:
                 logits, _ = model(idx[:, new_start:])  # (B, T, V): the whole window
             elif cache is None or (new_start != start and context_mode == "recompute"):
-                cache = model.new_cache()
+                if cache is None:  # storage for the whole window, made once
+                    cache = model.new_cache(c.block_size)
+                clear_cache(cache)
                 logits, _ = model(idx[:, new_start:], cache=cache)  # (B, T, V): prefill
             else:
                 if new_start != start:  # roll: forget the oldest, keep the rest as computed

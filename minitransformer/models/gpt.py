@@ -75,8 +75,8 @@ class GPT(nn.Module):
         """Number of parameters, shared (tied) ones counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        return self.decoder.new_cache()
+    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        return self.decoder.new_cache(capacity)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 return_internals: bool = False, cache: list | None = None,

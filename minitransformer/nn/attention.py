@@ -93,10 +93,18 @@ class KVCache:
     layout (B, nkv, capacity, hs) it is nkv runs scattered a capacity apart, a cache miss
     each), and the cross-attention keys are kept as projected, without a copy (``fill``).
     ``k`` and ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are.
+
+    ``capacity``: the positions the first storage holds at least (generation passes its
+    window, ``block_size``, so that the storage is made once, not grown by doubling). A
+    cache rebuilt from a moved window keeps its storage (``clear``): fresh storage is memory
+    the system has to map page by page as it is first written, which cost a batch of 8 about
+    a tenth of its prefills here.
     """
 
-    def __init__(self):
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
         self._k: torch.Tensor | None = None  # (B, capacity, nkv, hs)
+        self.borrowed = False  # the storage is ``fill``'s views of another tensor
         self._v: torch.Tensor | None = None
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
         self.length = 0
@@ -117,7 +125,7 @@ class KVCache:
         """Append k, v of shape (B, nkv, T, hs); return all cached (B, nkv, length, hs)."""
         t0, t1 = self.length, self.length + k.shape[-2]
         if self._k is None or t1 > self._k.shape[1]:
-            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[1]), 64)
+            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[1]), self.capacity, 64)
             b, nkv, _, hs = k.shape
             new_k, new_v = k.new_empty(b, cap, nkv, hs), v.new_empty(b, cap, nkv, hs)
             if self._k is not None:
@@ -129,12 +137,22 @@ class KVCache:
         self.length = t1
         return self.k, self.v
 
+    def clear(self) -> None:
+        """Forget every position and keep the storage for the next ones (a cache rebuilt after
+        a context shift, of the same batch). The keys ``fill`` kept are another tensor's
+        views: dropped, never written over."""
+        if self.borrowed:
+            self._k = self._v = None
+            self.borrowed = False
+        self.length = 0
+
     def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep k, v (B, nkv, T, hs) as the whole of an empty cache, without copying them
         (cross-attention's keys of the source, which are never appended to)."""
-        if self._k is not None:
+        if self.length:
             raise ValueError("fill is for an empty cache")
         self._k, self._v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, nkv, hs) views
+        self.borrowed = True
         self.length = k.shape[-2]
 
     def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -234,9 +234,10 @@ class Decoder(nn.Module):
         self.final_norm = make_norm(norm, d_model, layer_norm_eps) \
             if norm_position == "pre" else nn.Identity()
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        """One (self, cross) cache pair per layer for incremental decoding."""
-        return [(KVCache(), KVCache()) for _ in self.layers]
+    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+        """One (self, cross) cache pair per layer for incremental decoding; ``capacity``:
+        the positions a self-attention cache's first storage holds at least."""
+        return [(KVCache(capacity), KVCache()) for _ in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,

@@ -274,8 +274,8 @@ class MKLPacked:
     generation's steps and its context shifts' prefills each find theirs (with one copy,
     while the prefills' kernel was on trial, a batch of 8 packed every weight twice at each
     shift the trial ran on MKL, and its 500 tokens took 2.35-2.42 s against 2.20-2.37 s),
-    and a row count that no kept copy serves packs anew. A copy must stay where it is: MKL's layout depends
-    on its address's alignment.
+    and a row count that no kept copy serves packs anew. A copy must stay where it is:
+    MKL's layout depends on its address's alignment.
 
     ``source`` gives (W, b) when a copy is made: a layer's own parameters, or a stack made
     then (self-attention's [W^Q; W^K; W^V]), held with the copy and dropped with it
