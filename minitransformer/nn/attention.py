@@ -94,11 +94,12 @@ class KVCache:
     each), and the cross-attention keys are kept as projected, without a copy (``fill``).
     ``k`` and ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are.
 
-    ``capacity``: the positions the first storage holds at least (generation passes its
-    window, ``block_size``, so that the storage is made once, not grown by doubling). A
-    cache rebuilt from a moved window keeps its storage (``clear``): fresh storage is memory
-    the system has to map page by page as it is first written, which cost a batch of 8 about
-    a tenth of its prefills here.
+    ``capacity``: the positions the first storage holds at least. Generation passes its
+    window, ``block_size``, and a cache rebuilt from a moved window keeps its storage
+    (``clear``): the storage is made once, at the window's size, where growing by doubling
+    from the prompt made three and, after each context shift, one of 1.5 windows (block_size
+    256: 192 positions, then 384). Time is about the same either way (a batch of 8, 500
+    tokens: 2.19-2.36 s against 2.20-2.26 s).
     """
 
     def __init__(self, capacity: int = 0):
