@@ -112,14 +112,23 @@ TRIAL_PASSES = len(kernels_mod.trial_schedule(TWO))
 
 
 def test_trial_schedule_puts_every_kernel_at_the_same_mean_and_median_pass():
-    assert kernels_mod.trial_schedule(TWO) == ("packed", "blas") + (
-        "packed", "blas", "blas", "packed") * 2
+    turn = kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED
+    assert kernels_mod.trial_schedule(TWO) == \
+        ("packed",) * turn + ("blas",) * (2 * turn) + ("packed",) * turn
     three = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
-    timed = three[3:]
+    assert len(three) == 6 * turn
+    timed = [i for i, _ in enumerate(three) if i % turn >= kernels_mod.TURN_WARM]
+    assert [k for k, _ in kernels_mod.timed_passes(three, [0.0] * len(three))] == \
+        [three[i] for i in timed]
+    means, medians = set(), set()
     for kernel in ("packed", "blas", "mkl"):
-        at = [i for i, k in enumerate(timed) if k == kernel]
-        assert len(at) == 4 and sum(at) / 4 == (len(timed) - 1) / 2
-        assert (at[1] + at[2]) / 2 == (len(timed) - 1) / 2
+        at = [i for i in timed if three[i] == kernel]
+        assert len(at) == 2 * kernels_mod.TURN_TIMED
+        means.add(sum(at) / len(at))
+        medians.add((at[1] + at[2]) / 2)
+        assert all(three[i - kernels_mod.TURN_WARM:i] == (kernel,) * kernels_mod.TURN_WARM
+                   for i in at)  # every timed pass after untimed ones on its kernel
+    assert len(means) == 1 and len(medians) == 1
 
 
 def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
@@ -130,7 +139,8 @@ def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measur
     run_passes(choice, modules, TRIAL_PASSES)
     # each pass on one kernel (a pass mixing the two would be slower than either)
     assert measured == [kernel for kernel in kernels_mod.trial_schedule(TWO) for _ in range(2)]
-    assert measured[:6] == ["packed", "packed", "blas", "blas", "packed", "packed"]
+    turn = kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED
+    assert measured[:2 * turn + 2] == ["packed"] * 2 * turn + ["blas"] * 2
     measured.clear()
     run_passes(choice, modules, 1)  # the pass that closes the last trial pass decides
     assert choice.chosen == {(1, torch.get_num_threads()): "blas"} and not choice.trials
@@ -198,9 +208,10 @@ def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
     choice = kernels_mod.KernelChoice()
     calls = (timed_calls(measured, "packed", 0.003), timed_calls(measured, "blas", 0.002),
              timed_calls(measured, "mkl", 0))
-    run_passes(choice, {object(): calls}, 16)
-    assert measured[:15] == list(kernels_mod.trial_schedule(("packed", "blas", "mkl")))
-    assert choice.chosen == {(1, torch.get_num_threads()): "mkl"} and measured[15] == "mkl"
+    schedule = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
+    run_passes(choice, {object(): calls}, len(schedule) + 1)
+    assert measured[:len(schedule)] == list(schedule)
+    assert choice.chosen == {(1, torch.get_num_threads()): "mkl"} and measured[-1] == "mkl"
     # a product without MKL's copy computes the "mkl" kernel's share on BLAS
     assert kernels_mod.measured_product(choice, object(), torch.zeros(1, 4), *calls[:2]) == \
         "blas"
@@ -326,10 +337,11 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
     layer, x = Linear(24, 40), torch.randn(3, 24)
     with torch.inference_mode(), linear_mod.packed_weights(layer):
         product = layer.mkl_packed
-        for _ in range(3):  # one warm-up pass on each kernel, each pass one product here
-            layer(x)
+        passes = len(kernels_mod.trial_schedule(("packed", "blas", "mkl")))
+        for _ in range(3 * (kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED)):  # a turn each,
+            layer(x)  # each pass one product here
         assert [e[0] for e in product.held] == [8]  # 3 rows padded to 8
-        for _ in range(13):  # the timed passes, then the choice
+        for _ in range(passes // 2 + 1):  # the other turns, then the choice
             layer(x)
         chosen = kernels_mod.choice_for(layer).chosen[(4, torch.get_num_threads())]
         assert (chosen == "mkl") != mkl_slower

@@ -85,12 +85,31 @@ def trial_kernels() -> tuple[str, ...]:
     return ("packed", "blas") + (("mkl",) if mkl_works() else ())
 
 
+# A trial's turn on one kernel: passes untimed, then passes timed (``trial_schedule``).
+TURN_WARM, TURN_TIMED = 4, 2
+
+
 def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
-    """The kernels of a trial's passes: one untimed pass on each (first calls allocate,
-    threads wake), then four timed ones each, in the order k1 .. kn, kn .. k1, twice, which
-    puts every kernel at the same mean and median position, so that work growing from pass
-    to pass (a longer cache) favours none: packed, blas, blas, packed, ... for two."""
-    return kernels + (kernels + kernels[::-1]) * 2
+    """The kernels of a trial's passes, in turns of ``TURN_WARM`` untimed passes on one
+    kernel, then ``TURN_TIMED`` timed ones (``timed_passes``); two turns each, in the order
+    k1 .. kn, kn .. k1, which puts every kernel's timed passes at the same mean and median
+    position, so that work growing from pass to pass (a longer cache) favours none.
+
+    Why the untimed passes: after a switch, a kernel's steps run slow for a few passes and
+    then settle, and decoding, which stays on one kernel, only sees the settled speed. Here,
+    8 rows, milliseconds by pass after a switch: MKL 3.90, 3.59, 3.18, 2.68, 2.58, 2.71;
+    BLAS 3.99, 3.58, 3.51, 3.18, 2.91, 3.14; oneDNN 4.18, 3.78, 3.50, 3.32, 3.01, 3.17.
+    Decoding on MKL was the fastest at 8 rows (2.77 against 3.16 ms a step over the cache's
+    first 100 positions), yet trials that timed passes right after a switch chose BLAS or
+    oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at one row."""
+    return tuple(k for k in kernels + kernels[::-1] for _ in range(TURN_WARM + TURN_TIMED))
+
+
+def timed_passes(schedule: tuple[str, ...], seconds: list[float]) -> list[tuple[str, float]]:
+    """(kernel, seconds) of a trial's timed passes: the last ``TURN_TIMED`` of each turn."""
+    turn = TURN_WARM + TURN_TIMED
+    return [(k, t) for i, (k, t) in enumerate(zip(schedule, seconds, strict=True))
+            if i % turn >= TURN_WARM]
 
 
 Bucket = tuple[int, int]  # (rows to the next power of two, threads)
@@ -158,9 +177,9 @@ class KernelChoice:
                 trial.start, trial.products = now, 0
                 if len(trial.seconds) == len(trial.schedule):
                     kernels = sorted(set(trial.schedule), key=trial.schedule.index)
-                    timed = list(zip(trial.schedule, trial.seconds, strict=True))[len(kernels):]
+                    timed = timed_passes(trial.schedule, trial.seconds)
                     medians = {kernel: statistics.median(t for k, t in timed if k == kernel)
-                               for kernel in kernels}  # the untimed warm-ups left out
+                               for kernel in kernels}
                     self.chosen[bucket] = min(kernels, key=medians.__getitem__)
                     del self.trials[bucket]
                     if self.chosen[bucket] != "mkl":
