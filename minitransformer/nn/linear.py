@@ -154,7 +154,7 @@ def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tens
 
 
 @contextlib.contextmanager
-def packed_weights(model: nn.Module):
+def packed_weights(model: nn.Module, measure: bool = True):
     """Within the scope, every ``Packable`` of ``model`` (each fp32 CPU ``Linear``, and
     self-attention's stacked q, k, v) computes with packed copies of its weights (see the
     module docstring), and each decoder block takes its one-token steps through its
@@ -165,10 +165,12 @@ def packed_weights(model: nn.Module):
     ``modules()`` lists a module before its submodules, so a module's ``packs_for`` is known
     before they come up, and they are skipped (in a nested scope too: the outer copy serves).
     The products choose their kernel by ``model``'s ``KernelChoice``, kept across scopes
-    (a submodule already packed by a scope of its own keeps that scope's).
+    (a submodule already packed by a scope of its own keeps that scope's). ``measure=False``
+    leaves it out: the products take the packed copy (or MINITRANSFORMER_KERNEL's kernel) and
+    no trial times them (``decoding_threads``' probes, which alternate thread counts).
     """
     packed, served = [], set()
-    choice = choice_for(model)
+    choice = choice_for(model) if measure else None
     kernels.note_kernel_setting()
     if kernels.KERNEL == "mkl" and not mkl_works():
         kernels.say_no_mkl()
@@ -179,7 +181,8 @@ def packed_weights(model: nn.Module):
             if m.pack_weights():
                 m.kernels = choice
                 packed.append(m)
-                choice.mkl_products.update(m.mkl_products())
+                if choice is not None:
+                    choice.mkl_products.update(m.mkl_products())
             served.update(id(sub) for sub in m.packs_for())
         yield
     finally:

@@ -108,8 +108,10 @@ def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 
     each kernel waits for a core, and decoding gets several times slower than on one thread.
     So a few one-token steps are timed both ways, in turns (a few milliseconds for small
     models, about 0.1 s for a 6 x 384 one), and the faster median is kept. The steps are
-    timed as generation runs them (``batch`` rows, packed weights). OMP_NUM_THREADS, when
-    set, wins.
+    timed as generation runs them (``batch`` rows, packed weights), on oneDNN's packed copy
+    for both counts: the kernel trials (``nn.kernels``) are left to generation, since these
+    passes switch thread counts at every step and end with a scope of their own, whose MKL
+    copies the next scope makes again. OMP_NUM_THREADS, when set, wins.
     """
     n = torch.get_num_threads()
     if device.type != "cpu" or n == 1 or "OMP_NUM_THREADS" in os.environ:
@@ -127,7 +129,7 @@ def decoding_threads(model: torch.nn.Module, device: torch.device, batch: int = 
 
     times: dict[int, list[float]] = {n: [], 1: []}
     try:
-        with packed_weights(model), torch.inference_mode():
+        with packed_weights(model, measure=False), torch.inference_mode():
             for _ in range(DECODING_PROBES):  # in turns, so that a change of load hits both
                 for threads in times:
                     times[threads].append(step_seconds(threads))
