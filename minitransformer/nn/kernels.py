@@ -319,12 +319,17 @@ class MKLPacked:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., K) -> (..., M)."""
+        held = self.held  # read once: another thread may pack for its rows meanwhile
+        if held and x.dim() == 2 and x.shape[0] == held[0][0]:
+            # a step's rows, as the last product's and a multiple of 8: the copy as it is
+            # (this call costs 12 µs on 8 rows of 384 x 384, and the general path 4 µs more)
+            rows, copy, weight, bias = held[0]
+            return torch.ops.mkl._mkl_linear(x, copy, weight, bias, rows)  # (N, M)
         x2 = x.reshape(-1, x.shape[-1])  # (N, K)
         n = x2.shape[0]
         if n == 0:  # no rows to pack for
             return F.linear(x, *self.source())
         rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
-        held = self.held  # read once: another thread may pack for its rows meanwhile
         entry = next((e for e in held if e[0] == rows), None)
         if entry is None:
             weight, bias = self.source()
