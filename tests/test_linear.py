@@ -90,6 +90,7 @@ def measured(monkeypatch):
     works, has tests of its own); returns a log of the kernels that ran."""
     monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
     monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: TWO)
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.0)  # one untimed pass a turn
     return []
 
 
@@ -110,27 +111,40 @@ def run_passes(choice, modules: dict, n: int, rows: int = 1) -> None:
             kernels_mod.measured_product(choice, module, x, *calls)
 
 
-TRIAL_PASSES = len(kernels_mod.trial_schedule(TWO))
+def pass_kernels(kernels: tuple[str, ...]) -> list[str]:
+    """The kernel of each pass of a trial of ``kernels`` with one untimed pass a turn
+    (TURN_WARM_SECONDS 0, as the ``measured`` fixture sets it)."""
+    return [k for k in kernels_mod.trial_schedule(kernels)
+            for _ in range(1 + kernels_mod.TURN_TIMED)]
+
+
+TRIAL_PASSES = len(pass_kernels(TWO))
 
 
 def test_trial_schedule_puts_every_kernel_at_the_same_mean_and_median_pass():
-    turn = kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED
-    assert kernels_mod.trial_schedule(TWO) == \
-        ("packed",) * turn + ("blas",) * (2 * turn) + ("packed",) * turn
-    three = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
-    assert len(three) == 6 * turn
-    timed = [i for i, _ in enumerate(three) if i % turn >= kernels_mod.TURN_WARM]
-    assert [k for k, _ in kernels_mod.timed_passes(three, [0.0] * len(three))] == \
-        [three[i] for i in timed]
+    assert kernels_mod.trial_schedule(TWO) == ("packed", "blas", "blas", "packed")
+    three = pass_kernels(("packed", "blas", "mkl"))
+    turn = 1 + kernels_mod.TURN_TIMED
+    timed = [i for i in range(len(three)) if i % turn]
     means, medians = set(), set()
     for kernel in ("packed", "blas", "mkl"):
         at = [i for i in timed if three[i] == kernel]
         assert len(at) == 2 * kernels_mod.TURN_TIMED
         means.add(sum(at) / len(at))
         medians.add((at[1] + at[2]) / 2)
-        assert all(three[i - kernels_mod.TURN_WARM:i] == (kernel,) * kernels_mod.TURN_WARM
-                   for i in at)  # every timed pass after untimed ones on its kernel
     assert len(means) == 1 and len(medians) == 1
+
+
+def test_a_turn_times_its_passes_once_untimed_ones_took_long_enough(monkeypatch):
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.01)
+    trial = kernels_mod.Trial(0, ("packed", "blas"))
+    for seconds in (0.004, 0.004, 0.004, 0.003, 0.005):  # short passes: three untimed
+        assert trial.kernel == "packed"
+        trial.pass_ended(seconds)
+    assert trial.timed == [("packed", 0.003), ("packed", 0.005)] and trial.kernel == "blas"
+    for seconds in (0.05, 0.02, 0.03):  # a long pass is its own warm-up
+        trial.pass_ended(seconds)
+    assert trial.timed[2:] == [("blas", 0.02), ("blas", 0.03)] and trial.turn == 2
 
 
 def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
@@ -140,8 +154,8 @@ def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measur
                second: (timed_calls(measured, "packed", 0), timed_calls(measured, "blas", 0))}
     run_passes(choice, modules, TRIAL_PASSES)
     # each pass on one kernel (a pass mixing the two would be slower than either)
-    assert measured == [kernel for kernel in kernels_mod.trial_schedule(TWO) for _ in range(2)]
-    turn = kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED
+    assert measured == [kernel for kernel in pass_kernels(TWO) for _ in range(2)]
+    turn = 1 + kernels_mod.TURN_TIMED
     assert measured[:2 * turn + 2] == ["packed"] * 2 * turn + ["blas"] * 2
     measured.clear()
     run_passes(choice, modules, 1)  # the pass that closes the last trial pass decides
@@ -210,9 +224,9 @@ def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
     choice = kernels_mod.KernelChoice()
     calls = (timed_calls(measured, "packed", 0.003), timed_calls(measured, "blas", 0.002),
              timed_calls(measured, "mkl", 0))
-    schedule = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
+    schedule = pass_kernels(("packed", "blas", "mkl"))
     run_passes(choice, {object(): calls}, len(schedule) + 1)
-    assert measured[:len(schedule)] == list(schedule)
+    assert measured[:len(schedule)] == schedule
     assert choice.chosen == {(1, torch.get_num_threads()): "mkl"} and measured[-1] == "mkl"
     # a product without MKL's copy computes the "mkl" kernel's share on BLAS
     assert kernels_mod.measured_product(choice, object(), torch.zeros(1, 4), *calls[:2]) == \
@@ -236,7 +250,7 @@ def test_a_pass_that_made_mkl_copies_is_run_again_once(measured, monkeypatch, ev
 
     choice = kernels_mod.KernelChoice()
     calls = (timed_calls(measured, "packed", 0.001), timed_calls(measured, "blas", 0.001), mkl)
-    schedule = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
+    schedule = pass_kernels(("packed", "blas", "mkl"))
     on_mkl = schedule.count("mkl")
     run_passes(choice, {object(): calls}, len(schedule) + 1 + (on_mkl if every_pass else 1))
     assert measured.count("mkl") == (2 * on_mkl if every_pass else on_mkl + 1) + 1
@@ -290,13 +304,14 @@ def test_measured_products_equal_f_linear_on_every_kernel(measured, monkeypatch)
     monkeypatch.undo()  # every kernel this build has
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
     monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.0)
     block = DecoderBlock(32, 4, 64, cross_attention=False).eval()
     h = torch.randn(2, 3, 32)
     kernels = []
     block.ffn.proj.register_forward_hook(
         lambda m, i, o: kernels.append(m.kernels.trials[(8, torch.get_num_threads())].kernel
                                        if m.kernels and m.kernels.trials else None))
-    schedule = kernels_mod.trial_schedule(kernels_mod.trial_kernels())
+    schedule = pass_kernels(kernels_mod.trial_kernels())
     with torch.inference_mode():
         ref = block(h)[0]
         for _ in range(2 * len(schedule) + 2):  # the trial, then the choice: a scope per
@@ -380,9 +395,9 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
     layer, x = Linear(24, 40), torch.randn(3, 24)
     with torch.inference_mode(), linear_mod.packed_weights(layer):
         product = layer.mkl_packed
-        passes = len(kernels_mod.trial_schedule(("packed", "blas", "mkl")))
-        for _ in range(3 * (kernels_mod.TURN_WARM + kernels_mod.TURN_TIMED)):  # a turn each,
-            layer(x)  # each pass one product here
+        passes = len(pass_kernels(("packed", "blas", "mkl")))
+        for _ in range(passes // 2):  # a turn each, each pass one product here
+            layer(x)
         assert [e[0] for e in product.held] == [8]  # 3 rows padded to 8
         for _ in range(passes // 2 + 2):  # the other turns (the pass that made the copy
             layer(x)  # is run again), then the choice

@@ -160,9 +160,12 @@ def test_measured_kernels_trial_through_the_modules_then_read_the_weights(monkey
     # which time them; once it is chosen they read that kernel's weights directly.
     monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
     monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.0)  # one untimed pass a turn
     block = make_block()
     memory, mask = source()
-    xs = torch.randn(3, 2 * len(kernels_mod.trial_schedule(kernels_mod.trial_kernels())) + 2, C)
+    passes = len(kernels_mod.trial_schedule(kernels_mod.trial_kernels())) \
+        * (1 + kernels_mod.TURN_TIMED)
+    xs = torch.randn(3, 2 * passes + 2, C)
     ref = decode(block, xs, memory, mask)
     with linear_mod.packed_weights(block):
         y = decode(block, xs, memory, mask)

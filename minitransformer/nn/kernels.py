@@ -85,15 +85,16 @@ def trial_kernels() -> tuple[str, ...]:
     return ("packed", "blas") + (("mkl",) if mkl_works() else ())
 
 
-# A trial's turn on one kernel: passes untimed, then passes timed (``trial_schedule``).
-TURN_WARM, TURN_TIMED = 4, 2
+# A trial's turn on one kernel (``trial_schedule``): untimed passes until they have taken
+# TURN_WARM_SECONDS (one at least), then TURN_TIMED timed ones.
+TURN_WARM_SECONDS, TURN_TIMED = 0.01, 2
 
 
 def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
-    """The kernels of a trial's passes, in turns of ``TURN_WARM`` untimed passes on one
-    kernel, then ``TURN_TIMED`` timed ones (``timed_passes``); two turns each, in the order
-    k1 .. kn, kn .. k1, which puts every kernel's timed passes at the same mean and median
-    position, so that work growing from pass to pass (a longer cache) favours none.
+    """The kernels of a trial's turns: two each, in the order k1 .. kn, kn .. k1, which puts
+    every kernel's timed passes at the same mean and median position, so that work growing
+    from pass to pass (a longer cache) favours none. A turn runs untimed passes on its kernel
+    until they have taken ``TURN_WARM_SECONDS`` (one at least), then ``TURN_TIMED`` timed ones.
 
     Why the untimed passes: after a switch, a kernel's steps run slow for a few passes and
     then settle, and decoding, which stays on one kernel, only sees the settled speed. Here,
@@ -101,15 +102,10 @@ def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
     BLAS 3.99, 3.58, 3.51, 3.18, 2.91, 3.14; oneDNN 4.18, 3.78, 3.50, 3.32, 3.01, 3.17.
     Decoding on MKL was the fastest at 8 rows (2.77 against 3.16 ms a step over the cache's
     first 100 positions), yet trials that timed passes right after a switch chose BLAS or
-    oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at one row."""
-    return tuple(k for k in kernels + kernels[::-1] for _ in range(TURN_WARM + TURN_TIMED))
-
-
-def timed_passes(schedule: tuple[str, ...], seconds: list[float]) -> list[tuple[str, float]]:
-    """(kernel, seconds) of a trial's timed passes: the last ``TURN_TIMED`` of each turn."""
-    turn = TURN_WARM + TURN_TIMED
-    return [(k, t) for i, (k, t) in enumerate(zip(schedule, seconds, strict=True))
-            if i % turn >= TURN_WARM]
+    oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at one row. A long
+    pass (an encoder's, a prefill's: many rows, each weight read many times) is its own
+    warm-up, and its trial stays short."""
+    return kernels + kernels[::-1]
 
 
 Bucket = tuple[int, int]  # (rows to the next power of two, threads)
@@ -127,21 +123,34 @@ def next_power_of_two(n: int) -> int:
 @dataclass
 class Trial:
     """The trial of one bucket: its passes, each from a product of ``anchor`` (the module
-    whose product opened the trial) to the last product before the anchor's next, on the
-    kernels of ``schedule`` (``trial_schedule``), and how long each took."""
+    whose product opened the trial) to the last product before the anchor's next, in the
+    turns of ``schedule`` (``trial_schedule``), and how long the timed ones took."""
 
     anchor: int  # id() of that module
-    schedule: tuple[str, ...]
+    schedule: tuple[str, ...]  # a kernel per turn
     start: float = 0.0  # when the current pass's first product began
     end: float = 0.0  # when its latest product ended
     products: int = 0  # in the current pass
-    seconds: list[float] = field(default_factory=list)  # the passes so far
+    turn: int = 0  # index into ``schedule``
+    warm: float = -1.0  # seconds of the turn's untimed passes so far (-1: none yet)
+    timed: list[tuple[str, float]] = field(default_factory=list)  # (kernel, seconds)
     copies: int = 0  # ``copies_made`` when the current pass began
     again: bool = False  # the current pass repeats one that made copies
 
     @property
     def kernel(self) -> str:
-        return self.schedule[len(self.seconds)]
+        return self.schedule[self.turn]
+
+    def pass_ended(self, seconds: float) -> None:
+        """Count a pass of the current turn: untimed until the turn's have taken
+        ``TURN_WARM_SECONDS`` (one at least), then timed; the turn ends after
+        ``TURN_TIMED`` timed ones."""
+        if self.warm < TURN_WARM_SECONDS:
+            self.warm = max(self.warm, 0.0) + seconds
+            return
+        self.timed.append((self.kernel, seconds))
+        if len(self.timed) == TURN_TIMED * (self.turn + 1):  # the turn's last
+            self.turn, self.warm = self.turn + 1, -1.0
 
 
 class KernelChoice:
@@ -179,13 +188,12 @@ class KernelChoice:
                 if copies_made != trial.copies and not trial.again:
                     trial.again = True  # it made MKL copies: not counted, once, and run again
                 else:
-                    trial.seconds.append(max(trial.end - trial.start, 0.0))
+                    trial.pass_ended(max(trial.end - trial.start, 0.0))
                     trial.again = False
                 trial.start, trial.products, trial.copies = now, 0, copies_made
-                if len(trial.seconds) == len(trial.schedule):
+                if trial.turn == len(trial.schedule):
                     kernels = sorted(set(trial.schedule), key=trial.schedule.index)
-                    timed = timed_passes(trial.schedule, trial.seconds)
-                    medians = {kernel: statistics.median(t for k, t in timed if k == kernel)
+                    medians = {kernel: statistics.median(t for k, t in trial.timed if k == kernel)
                                for kernel in kernels}
                     self.chosen[bucket] = min(kernels, key=medians.__getitem__)
                     del self.trials[bucket]
