@@ -96,15 +96,15 @@ def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
     from pass to pass (a longer cache) favours none. A turn runs untimed passes on its kernel
     until they have taken ``TURN_WARM_SECONDS`` (one at least), then ``TURN_TIMED`` timed ones.
 
-    Why the untimed passes: after a switch, a kernel's steps run slow for a few passes and
-    then settle, and decoding, which stays on one kernel, only sees the settled speed. Here,
-    8 rows, milliseconds by pass after a switch: MKL 3.90, 3.59, 3.18, 2.68, 2.58, 2.71;
-    BLAS 3.99, 3.58, 3.51, 3.18, 2.91, 3.14; oneDNN 4.18, 3.78, 3.50, 3.32, 3.01, 3.17.
-    Decoding on MKL was the fastest at 8 rows (2.77 against 3.16 ms a step over the cache's
-    first 100 positions), yet trials that timed passes right after a switch chose BLAS or
-    oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at one row. A long
-    pass (an encoder's, a prefill's: many rows, each weight read many times) is its own
-    warm-up, and its trial stays short."""
+    Why the untimed passes (``bench/kernel_settling.py``): after a switch, a kernel's steps
+    run slow for a few passes, then settle, and decoding, which stays on one kernel, only
+    sees the settled speed. Here, 8 rows, milliseconds by pass after a switch: MKL 3.90,
+    3.59, 3.18, 2.68, 2.58, 2.71; BLAS 3.99, 3.58, 3.51, 3.18, 2.91, 3.14; oneDNN 4.18, 3.78,
+    3.50, 3.32, 3.01, 3.17. Decoding on MKL was the fastest at 8 rows (2.77 against 3.16 ms
+    a step over the cache's first 100 positions), yet trials that timed passes right after a
+    switch chose BLAS or oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at
+    one row. A long pass (an encoder's, a prefill's: many rows, each weight read many times)
+    is its own warm-up, and its trial stays short."""
     return kernels + kernels[::-1]
 
 
