@@ -14,7 +14,7 @@ from minitransformer.config import GPTConfig
 from minitransformer.data.text import load_text
 from minitransformer.models import GPT
 from minitransformer.models.generation import default_context_shift, roll_cache
-from minitransformer.nn.attention import KVCache
+from minitransformer.nn.kv_cache import KVCache
 from minitransformer.nn.positional import RotaryEmbedding
 
 POS_ENCODINGS = ["learned", "sinusoidal", "rope", "alibi", "none"]

@@ -6,8 +6,8 @@ import torch
 from minitransformer.nn import kernels as kernels_mod
 from minitransformer.nn import linear as linear_mod
 from minitransformer.nn import step as step_mod
-from minitransformer.nn.attention import KVCache
 from minitransformer.nn.block import DecoderBlock
+from minitransformer.nn.kv_cache import KVCache
 from minitransformer.nn.positional import ALiBi, RotaryEmbedding
 from minitransformer.training.lora import Lora, LoraConfig
 

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import GPTConfig
-from ..nn.attention import KVCache
 from ..nn.block import Decoder, Internals
 from ..nn.init import init_weights
+from ..nn.kv_cache import KVCache
 from ..nn.linear import Linear
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import generation

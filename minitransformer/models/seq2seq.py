@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from ..config import Seq2SeqConfig
-from ..nn.attention import KVCache
 from ..nn.block import Decoder, Encoder, Internals
 from ..nn.init import init_weights
+from ..nn.kv_cache import KVCache
 from ..nn.linear import Linear
 from ..nn.mask import key_padding_mask
 from .gpt import absolute_positions

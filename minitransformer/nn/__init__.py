@@ -1,8 +1,9 @@
 """The Transformer's layers, one module per concept (see docs/transformer-tour.md)."""
 
-from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .block import Decoder, DecoderBlock, Encoder, EncoderBlock, Internals
 from .feedforward import FeedForward
+from .kv_cache import KVCache
 from .mask import causal_mask, key_padding_mask, padding_mask
 from .positional import (
     ALiBi,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels import MKLPacked, measured_product, mkl_works, pack, packed_linear
+from .kv_cache import KVCache
 from .linear import Linear, Packable, drop_attribute, packable, use_packed
 from .mask import causal_mask, combine
 from .norm import RMSNorm
@@ -79,123 +80,6 @@ def fused_kernel_pays(q: torch.Tensor, t_k: int) -> bool:
     """
     low = q.dtype in (torch.bfloat16, torch.float16)
     return not (q.device.type == "cpu" and low and t_k <= CPU_LOW_PRECISION_EXPLICIT_MAX_LEN)
-
-
-class KVCache:
-    """Keys and values of one attention layer kept between decoding steps.
-
-    Self-attention appends the new position's k, v each step; cross-attention fills it once
-    from the encoder output. Storage grows by doubling, so each step writes only the new
-    slice instead of re-concatenating the whole history.
-
-    The storage is laid out (B, capacity, nkv, hs), position-major as the projections
-    produce it: appending a position writes one contiguous run per row (in the head-major
-    layout (B, nkv, capacity, hs) it is nkv runs scattered a capacity apart, a cache miss
-    each), and the cross-attention keys are kept as projected, without a copy (``fill``).
-    ``k`` and ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are.
-
-    ``capacity``: the positions the first storage holds at least. Generation passes its
-    window, ``block_size``, and a cache rebuilt from a moved window keeps its storage
-    (``clear``): the storage is made once, at the window's size, where growing by doubling
-    from the prompt made three and, after each context shift, one of 1.5 windows (block_size
-    256: 192 positions, then 384). Time is about the same either way (a batch of 8, 500
-    tokens: 2.19-2.36 s against 2.20-2.26 s).
-    """
-
-    def __init__(self, capacity: int = 0):
-        self.capacity = capacity
-        self._k: torch.Tensor | None = None  # (B, capacity, nkv, hs)
-        self.borrowed = False  # the storage is ``fill``'s views of another tensor
-        self._v: torch.Tensor | None = None
-        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
-        self.length = 0
-        self.group = 1  # batch rows served by each cached row (beams of one sentence)
-        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (mask, ``additive``)
-
-    @property
-    def k(self) -> torch.Tensor | None:
-        """The cached keys (B, nkv, length, hs), a view."""
-        return None if self._k is None else self._k[:, : self.length].transpose(1, 2)
-
-    @property
-    def v(self) -> torch.Tensor | None:
-        """The cached values (B, nkv, length, hs), a view."""
-        return None if self._v is None else self._v[:, : self.length].transpose(1, 2)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor):
-        """Append k, v of shape (B, nkv, T, hs); return all cached (B, nkv, length, hs)."""
-        t0, t1 = self.length, self.length + k.shape[-2]
-        if self._k is None or t1 > self._k.shape[1]:
-            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[1]), self.capacity, 64)
-            b, nkv, _, hs = k.shape
-            new_k, new_v = k.new_empty(b, cap, nkv, hs), v.new_empty(b, cap, nkv, hs)
-            if self._k is not None:
-                new_k[:, :t0] = self._k[:, :t0]
-                new_v[:, :t0] = self._v[:, :t0]
-            self._k, self._v = new_k, new_v
-        self._k[:, t0:t1] = k.transpose(1, 2)  # (B, T, nkv, hs)
-        self._v[:, t0:t1] = v.transpose(1, 2)
-        self.length = t1
-        return self.k, self.v
-
-    def clear(self) -> None:
-        """Forget every position and keep the storage for the next ones (a cache rebuilt after
-        a context shift, of the same batch). The keys ``fill`` kept are another tensor's
-        views: dropped, never written over."""
-        if self.borrowed:
-            self._k = self._v = None
-            self.borrowed = False
-        self.length = 0
-
-    def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keep k, v (B, nkv, T, hs) as the whole of an empty cache, without copying them
-        (cross-attention's keys of the source, which are never appended to)."""
-        if self.length:
-            raise ValueError("fill is for an empty cache")
-        self._k, self._v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, nkv, hs) views
-        self.borrowed = True
-        self.length = k.shape[-2]
-
-    def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The boolean key ``mask`` (True = may attend) as the bias the fused kernel adds:
-        0 where True, -inf where False. Made once per mask, not at every step as the kernel
-        would make it from the boolean one (a cross-attention's mask holds for the whole
-        translation)."""
-        held = self._bias
-        if held is None or held[0] is not mask or held[1].dtype != dtype:
-            bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-            held = self._bias = (mask, bias.masked_fill_(~mask, float("-inf")))
-        return held[1]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',). Beam search reorders every step, so
-        the filled positions of the chosen rows are gathered into a second buffer kept from
-        the previous reorder (no fresh allocation each step), and the two buffers swap."""
-        if self._k is None:
-            return
-        shape = (len(index), *self._k.shape[1:])  # (B', capacity, nkv, hs)
-        spare = self._spare
-        if spare is None or spare[0].shape != shape or spare[0].dtype != self._k.dtype:
-            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
-        n = self.length  # only the filled positions are copied
-        torch.index_select(self._k[:, :n], 0, index, out=spare[0][:, :n])
-        torch.index_select(self._v[:, :n], 0, index, out=spare[1][:, :n])
-        self._spare = (self._k, self._v)
-        self._k, self._v = spare  # (B', capacity, nkv, hs)
-
-    def drop_front(self, n: int, rekey=None) -> None:
-        """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
-        to the front. ``rekey`` (optional) maps the kept keys (B, nh, length - n, hs) to the
-        keys to keep instead (RoPE's re-rotation)."""
-        if n <= 0 or self._k is None:
-            return
-        keep = max(self.length - n, 0)
-        if keep:
-            k = self._k[:, n: self.length]  # (B, keep, nkv, hs)
-            self._k[:, :keep] = rekey(k.transpose(1, 2)).transpose(1, 2) \
-                if rekey is not None else k.clone()
-            self._v[:, :keep] = self._v[:, n: self.length].clone()
-        self.length = keep
 
 
 def ungroup(x: torch.Tensor, group: int, t_q: int) -> torch.Tensor:

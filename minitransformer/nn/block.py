@@ -20,8 +20,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .attention import AttnImpl, KVCache, MultiHeadAttention
+from .attention import AttnImpl, MultiHeadAttention
 from .feedforward import Activation, make_feedforward
+from .kv_cache import KVCache
 from .linear import Packable, drop_attribute
 from .norm import Norm, make_norm
 from .positional import ALiBi, PosEncoding, RotaryEmbedding

@@ -47,9 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_hooks  # the global module hooks
 
-from .attention import KVCache, MultiHeadAttention, ungroup
+from .attention import MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
 from .kernels import MKLPacked, fused_activation, packed_linear, settled_kernel
+from .kv_cache import KVCache
 from .linear import Linear, linear_then, stackable, use_packed
 from .norm import RMSNorm
 
