@@ -9,7 +9,7 @@ copies of its weight (64 MB) that none stays in a cache of up to 64 MB (a larger
 VM's 480 MiB, still holds them): microseconds per call, medians, for 1 and 2 threads.
 The shapes are config (b)'s (6 x 384: q/k/v/out, the stacked q|k|v, the FFN's two), two of
 GPT-2 small's, and two small ones below ``nn.linear.PACK_MIN_ELEMENTS``. MKL's packed GEMM
-(``nn.kernels.MKLPacked``, where this build has it) is packed for the row count timed.
+(``nn.packing.MKLPacked``, where this build has it) is packed for the row count timed.
 Decoding does not go by these figures: each model times the kernels where they run
 (``nn.kernels.measured_product``).
 """
@@ -23,8 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minitransformer.nn.kernels import MKLPacked, mkl_works, pack, packed_linear, packing_works
 from minitransformer.nn.linear import PACK_MIN_ELEMENTS
+from minitransformer.nn.packing import MKLPacked, mkl_works, pack, packed_linear, packing_works
 
 ROWS = (1, 8, 32)
 

@@ -14,6 +14,7 @@ from torch import nn
 from minitransformer.models.gpt import GPT, GPTConfig
 from minitransformer.nn import kernels as kernels_mod
 from minitransformer.nn import linear as linear_mod
+from minitransformer.nn import packing as packing_mod
 from minitransformer.nn.attention import MultiHeadAttention
 from minitransformer.nn.block import DecoderBlock
 from minitransformer.nn.feedforward import FeedForward
@@ -215,7 +216,7 @@ def test_thread_count_and_zero_rows(measured, monkeypatch):
 
 
 def test_next_power_of_two():
-    assert [kernels_mod.next_power_of_two(n) for n in (1, 2, 3, 4, 5, 6, 8, 9)] == \
+    assert [packing_mod.next_power_of_two(n) for n in (1, 2, 3, 4, 5, 6, 8, 9)] == \
         [1, 2, 4, 4, 8, 8, 8, 16]
 
 
@@ -238,12 +239,12 @@ def test_a_pass_that_made_mkl_copies_is_run_again_once(measured, monkeypatch, ev
     # MKL's copies are made at the first product of a scope: a pass that made some is run
     # again, once (where every pass makes them, one scope per pass, every other one counts)
     monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
-    monkeypatch.setattr(kernels_mod, "copies_made", 0)
+    monkeypatch.setattr(packing_mod, "copies_made", 0)
     made = []
 
     def mkl():
         if every_pass or not made:
-            kernels_mod.copies_made += 1
+            packing_mod.copies_made += 1
         made.append(1)
         measured.append("mkl")
         time.sleep(0.003 if len(made) == 1 else 0.0)  # the packing, slow
@@ -362,7 +363,7 @@ def test_packed_path_equals_f_linear(monkeypatch, bias, shape, kernel):
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 def test_mkl_copies_are_packed_for_the_rows_rounded_up_and_the_last_two_kept():
     w, b = torch.randn(40, 24), torch.randn(40)
-    product = kernels_mod.MKLPacked(lambda: (w, b))
+    product = packing_mod.MKLPacked(lambda: (w, b))
     made, copies = [], []
     with torch.inference_mode():
         for n in (5, 12, 3, 16, 9, 17, 1):
@@ -381,13 +382,13 @@ def test_mkl_copies_are_packed_for_the_rows_rounded_up_and_the_last_two_kept():
 @pytest.mark.parametrize("mkl_slower", [True, False])
 def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, mkl_slower):
     monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
-    product_of = kernels_mod.MKLPacked.__call__
+    product_of = packing_mod.MKLPacked.__call__
 
     def timed(self, x):
         time.sleep(0.004 if mkl_slower else 0.0)
         return product_of(self, x)
 
-    monkeypatch.setattr(kernels_mod.MKLPacked, "__call__", timed)
+    monkeypatch.setattr(packing_mod.MKLPacked, "__call__", timed)
     if not mkl_slower:  # the other two slower
         for name in ("packed_linear", "F"):
             real = getattr(linear_mod, name)
@@ -409,7 +410,7 @@ def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, m
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 def test_release_keeps_the_copies_a_row_count_on_mkl_reads():
     w, b = torch.randn(40, 24), torch.randn(40)
-    small, large = (kernels_mod.MKLPacked(lambda: (w, b)) for _ in range(2))
+    small, large = (packing_mod.MKLPacked(lambda: (w, b)) for _ in range(2))
     with torch.inference_mode():
         small(torch.randn(3, 24))  # the copy for 8 rows serves 1 to 8
         large(torch.randn(20, 24))  # for 24 rows, in the bucket of 32
@@ -581,7 +582,7 @@ def test_feedforward_with_its_activation_fused_equals_the_reference(monkeypatch,
         with linear_mod.packed_weights(ffn):
             y = ffn(x)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    fused = kernels_mod.fused_activation(ffn.act)
+    fused = packing_mod.fused_activation(ffn.act)
     assert (fused is None) == (activation == "relu2")  # ReLU^2 has no oneDNN post-op
 
 

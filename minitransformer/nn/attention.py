@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import MKLPacked, measured_product, mkl_works, pack, packed_linear
+from .kernels import measured_product
 from .kv_cache import KVCache
 from .linear import Linear, Packable, drop_attribute, packable, use_packed
 from .mask import causal_mask, combine
 from .norm import RMSNorm
+from .packing import MKLPacked, mkl_works, pack, packed_linear
 from .positional import ALiBi, RotaryEmbedding
 
 AttnImpl = Literal["auto", "reference", "fast"]

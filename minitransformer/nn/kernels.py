@@ -3,11 +3,12 @@
 Inside ``nn.linear.packed_weights`` an fp32 CPU product x W^T + b has three kernels:
 
 - "blas": ``F.linear`` from the plain weight (MKL's GEMM behind it);
-- "packed": W copied once into oneDNN's blocked layout (``pack``, ``packed_linear``), which
-  can also apply a ReLU or GELU on the way out (``fused_activation``);
-- "mkl": W copied into MKL's packed layout for its GEMM (``MKLPacked``: ``cblas_sgemm_pack``,
-  then ``cblas_sgemm_compute``, which skips the re-packing of W that MKL's GEMM of a few rows
-  does at every call), where this build has it (``mkl_works``).
+- "packed": W copied once into oneDNN's blocked layout, which can also apply a ReLU or GELU
+  on the way out;
+- "mkl": W copied into MKL's packed layout for its GEMM, which skips the re-packing of W that
+  MKL's GEMM of a few rows does at every call, where this build has it.
+
+The copies and their products are ``nn/packing.py``'s; this module chooses between them.
 
 Decoding feeds one row per sequence through each projection, a matrix-vector product that
 reads every weight once per token (a few rows when sequences are decoded together). Which
@@ -18,8 +19,6 @@ the kernels, timed where they run, and the fastest is kept for the model
 (``measured_product``, ``KernelChoice``; MINITRANSFORMER_KERNEL fixes the choice instead).
 Tests hold the kernels equal (to fp32 rounding): the choice changes the speed, and the
 results only in the last bits.
-
-Shapes: N rows of input, K = in_features, M = out_features.
 """
 
 from __future__ import annotations
@@ -36,8 +35,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from . import packing
+from .packing import MKLPacked, mkl_works, next_power_of_two
 
 T = TypeVar("T")
 
@@ -114,12 +115,6 @@ Bucket = tuple[int, int]  # (rows to the next power of two, threads)
 MAX_PASS_PRODUCTS = 4096
 
 
-def next_power_of_two(n: int) -> int:
-    """1 -> 1, 3 -> 4, 6 -> 8: products whose row counts round to the same number share a
-    kernel choice."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
 @dataclass
 class Trial:
     """The trial of one bucket: its passes, each from a product of ``anchor`` (the module
@@ -134,7 +129,7 @@ class Trial:
     turn: int = 0  # index into ``schedule``
     warm: float = -1.0  # seconds of the turn's untimed passes so far (-1: none yet)
     timed: list[tuple[str, float]] = field(default_factory=list)  # (kernel, seconds)
-    copies: int = 0  # ``copies_made`` when the current pass began
+    copies: int = 0  # ``packing.copies_made`` when the current pass began
     again: bool = False  # the current pass repeats one that made copies
 
     @property
@@ -183,14 +178,14 @@ class KernelChoice:
             trial = self.trials.get(bucket)
             if trial is None or trial.products >= MAX_PASS_PRODUCTS:
                 trial = self.trials[bucket] = Trial(id(module), self.schedule, start=now,
-                                                    copies=copies_made)
+                                                    copies=packing.copies_made)
             elif id(module) == trial.anchor:
-                if copies_made != trial.copies and not trial.again:
+                if packing.copies_made != trial.copies and not trial.again:
                     trial.again = True  # it made MKL copies: not counted, once, and run again
                 else:
                     trial.pass_ended(max(trial.end - trial.start, 0.0))
                     trial.again = False
-                trial.start, trial.products, trial.copies = now, 0, copies_made
+                trial.start, trial.products, trial.copies = now, 0, packing.copies_made
                 if trial.turn == len(trial.schedule):
                     kernels = sorted(set(trial.schedule), key=trial.schedule.index)
                     medians = {kernel: statistics.median(t for k, t in trial.timed if k == kernel)
@@ -273,143 +268,7 @@ def settled_kernel(choice: KernelChoice | None, rows: int) -> str | None:
     return choice.chosen.get((next_power_of_two(rows), torch.get_num_threads()))
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """W (M, K) copied into oneDNN's blocked layout for ``packed_linear``."""
-    with torch.inference_mode():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                  post: tuple[str, str] = ("none", "")):
-    """x W^T + b from W packed by ``pack``: (..., K) -> (..., M); ``post`` = (an activation
-    oneDNN applies on the way out, its variant), e.g. ("gelu", "tanh")."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, post[0], [], post[1])
-
-
-# MKL's copy is packed for the products' row count rounded up to a multiple of this, their
-# inputs padded with zero rows to match: the rows of a batch whose sentences end one by one
-# then need a new copy every 8, not every row (a product of a few rows reads W once, so the
-# padding rows cost little; the trials time them).
-MKL_ROW_GRAIN = 8
-# MKL copies kept per weight, the latest used (``MKLPacked``): a generation's steps and its
-# prefills each keep theirs.
-MKL_COPIES = 2
-# MKL copies made so far in this process. A trial's pass in which some were made (the first
-# on MKL of a new scope: generation opens one per call) is not counted but run again, once,
-# since the packing is not the kernel's speed.
-copies_made = 0
-
-
-class MKLPacked:
-    """x W^T + b from W in MKL's packed layout (``cblas_sgemm_pack``, then
-    ``cblas_sgemm_compute``), which skips the packing of W that MKL's GEMM of a few rows
-    otherwise does at every call.
-
-    MKL packs W for the number of rows it is told (a copy packed for one row computed 8
-    rows 25% slower here than one packed for 8), and PyTorch's op computes from the copy
-    only for those rows. So a copy is made at the first product of a row count, for its rows
-    rounded up to ``MKL_ROW_GRAIN``, and the last ``MKL_COPIES`` copies are kept: a
-    generation's steps and its context shifts' prefills each find theirs (with one copy,
-    while the prefills' kernel was on trial, a batch of 8 packed every weight twice at each
-    shift the trial ran on MKL, and its 500 tokens took 2.35-2.42 s against 2.20-2.37 s),
-    and a row count that no kept copy serves packs anew. A copy must stay where it is:
-    MKL's layout depends on its address's alignment.
-
-    ``source`` gives (W, b) when a copy is made: a layer's own parameters, or a stack made
-    then (self-attention's [W^Q; W^K; W^V]), held with the copy and dropped with it
-    (``release``), so that nothing is held while MKL's kernel is not used."""
-
-    def __init__(self, source: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]):
-        self.source = source
-        # ((rows, copy, W, b), ...), the latest first: read and replaced whole, so that a
-        # thread sees one whole tuple
-        self.held: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None], ...] = ()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., K) -> (..., M)."""
-        held = self.held  # read once: another thread may pack for its rows meanwhile
-        if held and x.dim() == 2 and x.shape[0] == held[0][0]:
-            # a step's rows, as the last product's and a multiple of 8: the copy as it is
-            # (this call costs 12 µs on 8 rows of 384 x 384, and the general path 4 µs more)
-            rows, copy, weight, bias = held[0]
-            return torch.ops.mkl._mkl_linear(x, copy, weight, bias, rows)  # (N, M)
-        x2 = x.reshape(-1, x.shape[-1])  # (N, K)
-        n = x2.shape[0]
-        if n == 0:  # no rows to pack for
-            return F.linear(x, *self.source())
-        rows = -(-n // MKL_ROW_GRAIN) * MKL_ROW_GRAIN
-        entry = next((e for e in held if e[0] == rows), None)
-        if entry is None:
-            weight, bias = self.source()
-            with torch.inference_mode():
-                copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
-            entry = (rows, copy, weight, bias)
-            self.held = (entry,) + held[:MKL_COPIES - 1]
-            global copies_made
-            copies_made += 1
-        elif entry is not held[0]:
-            self.held = (entry,) + tuple(e for e in held if e is not entry)
-        _, copy, weight, bias = entry
-        if rows > n:
-            x2 = torch.cat((x2, x2.new_zeros(rows - n, x2.shape[1])))  # (rows, K)
-        y = torch.ops.mkl._mkl_linear(x2, copy, weight, bias, rows)  # (rows, M)
-        return y[:n].view(*x.shape[:-1], y.shape[-1])  # (..., M)
-
-    def release(self, served: set[int]) -> None:
-        """Drop the copies except those serving products whose rows round (to the next power
-        of two, as ``KernelChoice`` groups them) to one of ``served``, the row counts whose
-        kernel is MKL's (the copy for 8 rows serves every count up to 8)."""
-        buckets = {max(rows, MKL_ROW_GRAIN) for rows in served}
-        self.held = tuple(e for e in self.held if next_power_of_two(e[0]) in buckets)
-
-
-def fused_activation(act: nn.Module) -> tuple[str, str] | None:
-    """The oneDNN post-op computing ``act``, or None where there is none."""
-    if type(act) is nn.ReLU:
-        return "relu", ""
-    if type(act) is nn.GELU:
-        return "gelu", act.approximate  # "none" (erf) or "tanh"
-    return None
-
-
-@functools.cache
-def packing_works() -> bool:
-    """Whether this PyTorch build has oneDNN's packed linear and it computes x W^T + b (an
-    fp32-rounding match with ``F.linear`` on a probe); False turns packing off."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        w, b = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
-        x = torch.randn(3, 5, 40, generator=g)
-        torch.is_autocast_enabled("cpu")  # use_packed asks it (PyTorch 2.4 on)
-        with torch.inference_mode():
-            return torch.allclose(packed_linear(x, pack(w), b), F.linear(x, w, b),
-                                  rtol=1e-5, atol=1e-5)
-    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
-        return False
-
-
 @functools.cache
 def say_no_mkl() -> None:
     print(f"note: {KERNEL_ENV}=mkl, but this PyTorch build has no MKL packed GEMM; BLAS "
           "computes its products", file=sys.stderr)
-
-
-@functools.cache
-def mkl_works() -> bool:
-    """Whether this build has MKL's packed GEMM and it computes x W^T + b (fp32-rounding
-    matches with ``F.linear`` on probes of 1 to 70 rows); False leaves the "mkl" kernel out
-    of the trials."""
-    if not (torch.backends.mkl.is_available() and packing_works()):
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        w, b = torch.randn(200, 136, generator=g), torch.randn(200, generator=g)
-        product = MKLPacked(lambda: (w, b))
-        with torch.inference_mode():
-            return all(torch.allclose(product(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
-                       for rows in (1, 3, 8, 70, 67)
-                       for x in [torch.randn(rows, 136, generator=g)])
-    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
-        return False

@@ -11,7 +11,7 @@ Two ways to compute it:
   once into oneDNN's blocked layout, and, where this build has it, gets a product through
   MKL's packed GEMM; each product then takes the kernel (one of those copies, or the plain
   weight through BLAS) that the model measured fastest for its row count
-  (``nn/kernels.py``).
+  (``nn/packing.py`` makes the copies, ``nn/kernels.py`` chooses).
 
 The copies are taken when the scope opens (MKL's at its first product) and dropped when it
 closes, so a scope must not span a change of the weights (an optimizer step): generation
@@ -35,12 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .kernels import (
-    KernelChoice,
+from .kernels import KernelChoice, choice_for, measured_product
+from .packing import (
     MKLPacked,
-    choice_for,
     fused_activation,
-    measured_product,
     mkl_works,
     pack,
     packed_linear,

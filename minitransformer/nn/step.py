@@ -49,10 +49,11 @@ from torch.nn.modules import module as module_hooks  # the global module hooks
 
 from .attention import MultiHeadAttention, ungroup
 from .feedforward import FeedForward, SwiGLU
-from .kernels import MKLPacked, fused_activation, packed_linear, settled_kernel
+from .kernels import settled_kernel
 from .kv_cache import KVCache
 from .linear import Linear, linear_then, stackable, use_packed
 from .norm import RMSNorm
+from .packing import MKLPacked, fused_activation, packed_linear
 
 
 def projection(layer: Linear, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
