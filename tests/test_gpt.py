@@ -93,6 +93,65 @@ def test_incremental_forward_equals_full_forward(make_gpt, pos):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
 
+def _caches_equal(a, b) -> bool:
+    return all(torch.equal(x[0].k, y[0].k) and torch.equal(x[0].v, y[0].v)
+               for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_logits_to_keep_equals_the_last_positions_of_the_full_forward(make_gpt, pos,
+                                                                      norm_position):
+    """A prefill with logits_to_keep fills the same cache and gives the same last logits:
+    the last block's queries start at the right position (RoPE, ALiBi, learned, the causal
+    mask among several kept queries), its residuals add to the right positions."""
+    extra = dict(qk_norm=True, n_kv_head=1, n_head=2) if pos == "rope" else {}
+    model = make_gpt(scale=0.3, pos_encoding=pos, norm_position=norm_position,
+                     **extra).double()
+    idx = torch.randint(0, 13, (2, 14))
+    with torch.no_grad():
+        full, _ = model(idx)  # (2, 14, V)
+        kept, _ = model(idx, logits_to_keep=3)
+        assert kept.shape == (2, 3, 13)
+        torch.testing.assert_close(kept, full[:, -3:], rtol=0, atol=1e-12)
+        whole, cut = model.new_cache(), model.new_cache()
+        a = [model(idx[:, :6], cache=whole)[0], model(idx[:, 6:10], cache=whole)[0]]
+        b = [model(idx[:, :6], cache=cut, logits_to_keep=1)[0],
+             model(idx[:, 6:10], cache=cut, logits_to_keep=2)[0]]
+        assert _caches_equal(whole, cut)
+        a.append(model(idx[:, 10:11], cache=whole)[0])
+        b.append(model(idx[:, 10:11], cache=cut)[0])
+    torch.testing.assert_close(b[0], a[0][:, -1:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(b[1], a[1][:, -2:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(b[2], a[2], rtol=0, atol=1e-12)
+    torch.testing.assert_close(a[2], full[:, 10:11], rtol=0, atol=1e-10)
+
+
+def test_logits_to_keep_in_a_left_padded_batch(make_gpt):
+    """Per-row positions and the padding mask are cut to the kept queries too."""
+    model = make_gpt(scale=0.3, pos_encoding="rope").double()
+    idx = torch.randint(1, 13, (2, 9))
+    pad = torch.tensor([0, 4])
+    with torch.no_grad():
+        full, _ = model(idx, cache=model.new_cache(), pad=pad)
+        kept, _ = model(idx, cache=model.new_cache(), pad=pad, logits_to_keep=2)
+        alone, _ = model(idx[1:, 4:])  # row 1 without its padding
+    torch.testing.assert_close(kept, full[:, -2:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(kept[1], alone[0, -2:], rtol=0, atol=1e-10)
+
+
+def test_logits_to_keep_refuses_a_loss_and_negative_counts(make_gpt):
+    model = make_gpt()
+    idx = torch.randint(0, 13, (1, 8))
+    with pytest.raises(ValueError, match="every position"):
+        model(idx, idx, logits_to_keep=1)
+    with pytest.raises(ValueError, match=">= 0"):
+        model(idx, logits_to_keep=-1)
+    logits, _, internals = model(idx, return_internals=True, logits_to_keep=1)
+    assert logits.shape == (1, 1, 13) and internals.hidden_states[-1].shape == (1, 1, 16)
+    assert [w.shape[-2] for w in internals.attentions] == [8, 1]  # the last block's queries
+
+
 def test_learned_positions_refuse_longer_input(make_gpt):
     model = make_gpt(pos_encoding="learned")
     with pytest.raises(ValueError, match="learned"):

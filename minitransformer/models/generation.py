@@ -211,7 +211,8 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 if cache is None:  # storage for the whole window, made once
                     cache = model.new_cache(c.block_size)
                 clear_cache(cache)
-                logits, _ = model(idx[:, new_start:], cache=cache)  # (B, T, V): prefill
+                # prefill: every position into the cache, the last one's logits (B, 1, V)
+                logits, _ = model(idx[:, new_start:], cache=cache, logits_to_keep=1)
             else:
                 if new_start != start:  # roll: forget the oldest, keep the rest as computed
                     roll_cache(model, cache, new_start - start)

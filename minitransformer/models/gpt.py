@@ -80,7 +80,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 return_internals: bool = False, cache: list | None = None,
-                pad: torch.Tensor | None = None):
+                pad: torch.Tensor | None = None, logits_to_keep: int = 0):
         """idx: (B, T) token ids; targets: (B, T) next-token ids (-1 = ignore).
 
         Returns (logits (B, T, V), loss or None), plus an ``Internals`` with every layer's
@@ -89,8 +89,17 @@ class GPT(nn.Module):
         ``pad`` (B,): left padding per row (a ragged batch, ``models/ragged.py``): row b's
         first ``pad[b]`` cached-or-given positions are padding, hidden from every query,
         and its positions count from its first real token.
+        ``logits_to_keep`` > 0: logits (B, logits_to_keep, V) for the last positions only
+        (Hugging Face's name), and the last block computes nothing else: its queries,
+        attention and FFN run for those positions, its keys and values for all (into the
+        cache). A prefill reads one position's logits; the rest of a last block is about a
+        sixth of a 6-layer model's work, and the output layer over a BPE vocabulary more.
         """
         b, t = idx.shape
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be >= 0, got {logits_to_keep}")
+        if logits_to_keep and targets is not None:
+            raise ValueError("logits_to_keep is for inference: the loss needs every position")
         past = cache[0][0].length if cache else 0  # positions already in the cache
         positions, self_mask = padded_positions(pad, past, t) if pad is not None else (None,
                                                                                        None)
@@ -106,9 +115,9 @@ class GPT(nn.Module):
         if self.training:  # dropout is the identity at inference
             x = self.drop(x)
         x, internals = self.decoder(x, self_mask=self_mask, cache=cache,
-                                    need_weights=return_internals,
-                                    positions=positions)  # (B, T, C)
-        logits = self.lm_head(x)  # (B, T, V)
+                                    need_weights=return_internals, positions=positions,
+                                    keep=logits_to_keep)  # (B, T or logits_to_keep, C)
+        logits = self.lm_head(x)  # (B, T or logits_to_keep, V)
         if c_cap := self.config.logit_softcap:  # smooth, bounded in (-cap, cap)
             logits = c_cap * torch.tanh(logits / c_cap)  # (B, T, V)
         loss = None

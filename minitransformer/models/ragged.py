@@ -63,7 +63,8 @@ class RaggedBatch:
                            dtype=torch.long, device=self.device)  # (B, T)
         self.pad = torch.tensor(pads, dtype=torch.long, device=self.device)  # (B,)
         self.cache = self.model.new_cache()
-        logits, _ = self.model(idx, cache=self.cache, pad=self._pad_arg())  # (B, T, V)
+        logits, _ = self.model(idx, cache=self.cache, pad=self._pad_arg(),
+                               logits_to_keep=1)  # (B, 1, V)
         return logits[:, -1]  # (B, V)
 
     @torch.inference_mode()

@@ -242,10 +242,15 @@ class MultiHeadAttention(nn.Module, Packable):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False, positions: torch.Tensor | None = None):
+                need_weights: bool = False, positions: torch.Tensor | None = None,
+                keep: int = 0):
         """x: (B, Tq, C); context: (B, Tk, C) or None; mask broadcastable to (B, nh, Tq, Tk);
         positions (B, Tq): each row's own positions of x for RoPE (a left-padded batch; None:
         the cache length onwards).
+
+        ``keep`` > 0 (self-attention): keys and values from every position of x, queries and
+        output from the last ``keep`` only, y (B, keep, C); a prefill whose other positions
+        only need to reach the cache (``DecoderBlock``'s ``keep``).
 
         Returns (y (B, Tq, C), weights (B, nh, Tq, Tk) or None). Weights come from the
         reference path, which is used whenever ``need_weights`` is set.
@@ -259,7 +264,14 @@ class MultiHeadAttention(nn.Module, Packable):
             q = self.queries(x, offset=0, rotate=False)  # (B, nh, Tq, hs)
         else:
             q_lin, k_lin, v_lin = self.project_self(x)  # (B, Tq, width) each
-            q = self.queries(x, past, positions=positions, projected=q_lin)  # (B, nh, Tq, hs)
+            q_past, q_positions = past, positions
+            if 0 < keep < t_q:  # queries of the last ``keep`` positions: (B, keep, C)
+                q_lin, q_past, t_q = q_lin[:, -keep:], past + t_q - keep, keep
+                q_positions = None if positions is None else positions[:, -keep:]
+                if mask is not None and mask.shape[-2] > 1:  # the kept queries' rows
+                    mask = mask[..., -keep:, :]
+            q = self.queries(x, q_past, positions=q_positions,
+                             projected=q_lin)  # (B, nh, Tq, hs)
         if cross and cache is not None and cache.length:  # encoder keys/values computed once
             k, v = cache.k, cache.v  # (B, nkv, Tk, hs)
         else:

@@ -61,16 +61,24 @@ class Residual(nn.Module):
         self.dropout = nn.Dropout(dropout)  # residual dropout (paper section 5.4)
 
     def forward(self, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
-        """sublayer(h) -> (y, extra). Pre: x + y(LN(x)); post: LN(x + y(x))."""
+        """sublayer(h) -> (y, extra). Pre: x + y(LN(x)); post: LN(x + y(x)).
+
+        A sublayer may answer for the last positions only (y (B, T', C), T' <= T: a block's
+        ``keep``); the residual then adds them to the last T' positions of x."""
         if self.pre:
             y, extra = sublayer(self.norm(x))
-            return x + self.drop(y), extra  # (B, T, C)
+            return last(x, y) + self.drop(y), extra  # (B, T', C)
         y, extra = sublayer(x)
-        return self.norm(x + self.drop(y)), extra  # (B, T, C)
+        return self.norm(last(x, y) + self.drop(y)), extra  # (B, T', C)
 
     def drop(self, y: torch.Tensor) -> torch.Tensor:
         # dropout is the identity at inference: skipping the call saves per-token time
         return self.dropout(y) if self.training else y
+
+
+def last(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x (B, T, C) cut to the positions y (B, T', C) answers for: its last T'."""
+    return x if x.shape[1] == y.shape[1] else x[:, -y.shape[1]:]
 
 
 def _ffn_sublayer(ffn: nn.Module):
@@ -135,11 +143,15 @@ class DecoderBlock(nn.Module, Packable):
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, KVCache] | None = None, need_weights: bool = False,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, keep: int = 0):
         """x: (B, Tq, C); memory: encoder output (B, Ts, C); memory_mask: (B, 1, 1, Ts).
 
         cache: (self-attention cache, cross-attention cache) for incremental decoding.
         positions: (B, Tq) per-row positions for RoPE (a left-padded batch), or None.
+        keep > 0: the output of the last ``keep`` positions only, x (B, keep, C). Keys and
+        values still come from every position (into the cache), but queries, attention,
+        cross-attention and the FFN run for the kept ones alone: the last block of a prefill
+        whose logits are read at the last position (``GPT.forward``'s ``logits_to_keep``).
         Returns (x, self-attention weights, cross-attention weights).
         """
         plan = self.step_plan
@@ -148,7 +160,7 @@ class DecoderBlock(nn.Module, Packable):
         self_cache, cross_cache = cache if cache is not None else (None, None)
         x, w_self = self.res_self(x, lambda h: self.self_attn(
             h, mask=self_mask, cache=self_cache, need_weights=need_weights,
-            positions=positions))
+            positions=positions, keep=keep))  # (B, keep or Tq, C)
         w_cross = None
         if self.cross_attn is not None:
             if memory is None and not (cross_cache is not None and cross_cache.length):
@@ -243,14 +255,19 @@ class Decoder(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: list[tuple[KVCache, KVCache]] | None = None, need_weights: bool = False,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, keep: int = 0):
         """x: (B, Tq, C) embeddings; positions (B, Tq): per-row positions for RoPE, or None.
-        Returns (x (B, Tq, C), Internals)."""
+        keep > 0: the output of the last ``keep`` positions only; the last block computes no
+        more (``DecoderBlock``), every other block all of them, whose keys its successor
+        needs.
+        Returns (x (B, Tq or keep, C), Internals; its last hidden state is (B, keep, C)
+        too)."""
         internals = Internals(hidden_states=[x])
+        n = len(self.layers)
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(x, memory, self_mask, memory_mask,
                                        None if cache is None else cache[i], need_weights,
-                                       positions)
+                                       positions, keep if i == n - 1 else 0)
             internals.hidden_states.append(x)
             if w_self is not None:
                 internals.attentions.append(w_self)

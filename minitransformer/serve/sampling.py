@@ -32,7 +32,8 @@ def sample_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: flo
         new_start = window_start(idx.shape[1], start, c.block_size, shift)
         if cache is None or new_start != start:
             cache = model.new_cache()
-            logits, _ = model(idx[:, new_start:], cache=cache)  # (B, T, V): prefill
+            # prefill: every position into the cache, the last one's logits (B, 1, V)
+            logits, _ = model(idx[:, new_start:], cache=cache, logits_to_keep=1)
         else:
             logits, _ = model(idx[:, -1:], cache=cache)  # (B, 1, V): one new position
         start = new_start
