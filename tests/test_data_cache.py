@@ -71,7 +71,8 @@ def _in_memory(monkeypatch):
     from minitransformer.families.streams import StreamFamily
     from minitransformer.tokenizers import fit_tokenizer
 
-    def prepare(self, source, encoding, fields, kind, source_tgt=None, newline=None):
+    def prepare(self, source, encoding, fields, kind, source_tgt=None, newline=None,
+                text_field=None):
         text, _ = normalize_newlines(load_text(source, encoding), newline or "normalize")
         tok = fit_tokenizer(kind or "char", text, fields.get("vocab_size"), self.special_tokens)
         train, val = split_ids(torch.tensor(tok.encode(text), dtype=torch.long))
@@ -168,6 +169,53 @@ def test_several_sources_are_prepared_together_in_order(tmp_path, capsys):
     val = prepared.tokenizer.decode(prepared.val_ids.tolist())  # whole documents, the last too
     assert val in {"".join("\n\n" + d for d in docs[i:]) for i in (1, 2, 3)}
     assert main(["evaluate", str(tmp_path / "run")]) == 0
+
+
+def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys):
+    """train --text_field NAME reads that field of each JSONL record: the same tokens as a
+    file of field "text" holding the same documents; the run records it, and resume and
+    evaluate read it again; where it does not apply it is an error, never ignored."""
+    lines = ENGLISH.replace("\r\n", "\n").splitlines()
+    docs = ["\n".join(lines[i:i + 8]) for i in range(0, len(lines), 8)]
+    body, text = tmp_path / "body.jsonl", tmp_path / "text.jsonl"
+    body.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)),
+                    encoding="utf-8")
+    text.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(body), "--text_field", "body", "--out", str(run),
+                 *DEBUG]) == 0
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "ref"), *DEBUG]) == 0
+    assert _losses(run) == _losses(tmp_path / "ref")
+    data = json.loads((run / "config.json").read_text(encoding="utf-8"))["data"]
+    assert data["text_field"] == "body"
+    ref = json.loads((tmp_path / "ref" / "config.json").read_text(encoding="utf-8"))["data"]
+    assert "text_field" not in ref and ref["cache"] != data["cache"]
+    capsys.readouterr()
+    clear_cache(lambda line: None)  # prepared again from the recorded field
+    assert main(["evaluate", str(run)]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--max_iters", "7", "--quiet"]) == 0
+    capsys.readouterr()
+    plain = tmp_path / "plain.txt"
+    plain.write_text(ENGLISH, encoding="utf-8")
+    assert main(["prepare", "--data", str(body), "--text_field", "body", "--out",
+                 str(tmp_path / "dd")]) == 0
+    capsys.readouterr()
+    for argv, said in [
+            (["train", "--data", str(tmp_path / "dd"), "--text_field", "body", "--out",
+              str(tmp_path / "r1"), *DEBUG], "is prepared"),
+            (["train", "--data", str(body), "--out", str(tmp_path / "r2"), *DEBUG], "'text'"),
+            (["train", "--data", str(plain), "--text_field", "body", "--out",
+              str(tmp_path / "r3"), *DEBUG], "plain.txt is plain text"),
+            (["train", "--out", str(run), "--resume", "--text_field", "id"],
+             "keeps the run's --text_field (body)"),
+            (["train", "--data", "bible_en_es", "--text_field", "body", "--out",
+              str(tmp_path / "r4"), *DEBUG], "--src and --tgt"),
+            (["prepare", "--data", str(plain), "--text_field", "body", "--out",
+              str(tmp_path / "d")], "plain text")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "d").exists()
 
 
 def test_torchruns_other_ranks_wait_while_local_rank_0_prepares(tmp_path, monkeypatch):

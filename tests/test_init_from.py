@@ -289,3 +289,19 @@ def test_a_seq2seq_run_is_a_source_too(tmp_path):
     run = load_run(src)
     for name, t in run.model.state_dict().items():
         assert torch.equal(built.model.state_dict()[name], t), name
+
+
+def test_a_hugging_face_tokenizer_reads_jsonl_records_not_their_json(gpt2, tmp_path):
+    """--init_from a Hugging Face folder encodes its text in memory: from JSONL it reads each
+    record's --text_field, joined as prepare joins documents, never the lines' JSON."""
+    from minitransformer.families import FAMILIES
+
+    docs = ["First, the opening lines.", "Then a second record,\nover two lines."]
+    path = tmp_path / "notes.jsonl"
+    path.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs), encoding="utf-8")
+    tok = load_hf_tokenizer(gpt2[1])
+    gpt = FAMILIES["gpt"]
+    prepared = gpt.reopen({}, tok, str(path), "utf-8", text_field="body")
+    ids = prepared.train_ids.tolist() + prepared.val_ids.tolist()
+    assert tok.decode(ids) == gpt.bpe_separator.join(docs)
+    assert prepared.data_meta["text_field"] == "body"

@@ -96,7 +96,7 @@ def test_an_encoder_trains_on_shards(tmp_path):
 @pytest.mark.parametrize("content, words", [
     ('{"text": "fine"}\nnot json\n', ["bad.jsonl:2", "not valid JSON"]),
     ('{"text": "fine"}\n["a list"]\n', ["bad.jsonl:2", "not a JSON object"]),
-    ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "prepare --text_field"]),
+    ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "--text_field NAME"]),
     ('{"text": null}\n', ["bad.jsonl:1", "'text' holds NoneType, not text"]),
 ])
 def test_bad_jsonl_names_the_line(tmp_path, capsys, content, words):

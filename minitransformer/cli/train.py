@@ -79,6 +79,9 @@ def add_parser(sub) -> None:
     t.add_argument("--newline", choices=["normalize", "keep"], default=None,
                    help="normalize: read Windows (CRLF) line ends as \\n, saying so; keep: "
                         "train on them as they are (default normalize)")
+    t.add_argument("--text_field", default=None, metavar="NAME",
+                   help="the field of each JSONL record, or the column of a Parquet, Arrow or "
+                        "datasets table, that holds its text (default text)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_early_stop(t)
     add_config_flags(t, CONFIG_GROUPS, preset_defaults())
@@ -111,7 +114,7 @@ def cmd_train(args) -> int:
         out=Path(args.out), model=args.model, data=data_flag(args.data),
         data_tgt=args.data_tgt,
         encoding=args.encoding, preset=args.preset, tokenizer=args.tokenizer,
-        newline=args.newline,
+        newline=args.newline, text_field=args.text_field,
         fields=config_values(args, classes), resume=args.resume, force=args.force,
         init_from=args.init_from,
         quiet=args.quiet, early_stop=args.early_stop, lora=config_values(args, [LoraConfig]))

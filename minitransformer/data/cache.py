@@ -41,7 +41,14 @@ from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, char_alphabet, default_workers
 from .reading import BLOCK_BYTES, sample_lines
 from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_stream
-from .sources import TABLES, Document, fingerprint, read_documents, source_files
+from .sources import (
+    Document,
+    check_text_field,
+    fingerprint,
+    has_records,
+    read_documents,
+    source_files,
+)
 from .text import BUNDLED, load_text, normalize_newlines
 
 try:
@@ -132,13 +139,13 @@ def recorded_source(sources: list[str]) -> str | list[str]:
 
 
 def read_texts(files: list[Path], encoding: str, newline: str, counted: list[int],
-               progress=None):
+               progress=None, text_field: str = "text"):
     """The documents as ``train`` reads them: a text file whole (``load_text``: empty,
-    binary and undecodable files refused), JSONL and tables a row each; line ends as
-    ``normalize_newlines`` leaves them (``counted`` gets each one's CR count)."""
+    binary and undecodable files refused), JSONL and tables a row each (its ``text_field``);
+    line ends as ``normalize_newlines`` leaves them (``counted`` gets each one's CR count)."""
     for path in files:
-        if path.suffix.lower() in (".jsonl", *TABLES):
-            docs = read_documents([path], encoding=encoding)
+        if has_records(path):
+            docs = read_documents([path], text_field, encoding=encoding)
         else:
             docs = [Document(load_text(str(path), encoding), str(path))]
         for doc in docs:
@@ -149,12 +156,12 @@ def read_texts(files: list[Path], encoding: str, newline: str, counted: list[int
             progress(path.stat().st_size)
 
 
-def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer):
+def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer, text_field):
     """(tokenizer, CR count): ``train``'s own fit (the sorted alphabet; BPE on every line as
     ``fit_tokenizer`` on the whole text, or on prepare's spread sample beyond
     ``DEFAULT_BPE_SAMPLE`` bytes), or a run's ``tokenizer`` checked on the text."""
     counted: list[int] = []
-    docs = read_texts(files, encoding, newline, counted)
+    docs = read_texts(files, encoding, newline, counted, text_field=text_field)
     if tokenizer is not None and tokenizer.kind == "char":
         known = set(tokenizer.chars)
         for doc in docs:
@@ -204,20 +211,24 @@ def _locked(folder: Path):
 
 def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | None = None,
                    encoding: str = "utf-8", newline: str = "normalize", tokenizer=None,
-                   echo=print, say_reused: bool = True) -> Cached:
+                   echo=print, say_reused: bool = True, text_field: str = "text") -> Cached:
     """The cache's DATA_DIR for ``sources`` read as ``train`` reads them, prepared now unless
     it is there. ``family``: {name, special_tokens, separator (between BPE documents)};
     ``tokenizer``: a run's own (resume, evaluate, --init_from) instead of a fresh fit;
-    ``say_reused``: whether to say that the folder was there."""
+    ``say_reused``: whether to say that the folder was there; ``text_field``: the field of
+    JSONL records and table rows that holds the text (part of the key when not "text")."""
     files = source_files(sources)
+    check_text_field(files, text_field)
     prints = fingerprint(files)
     asked = {"kind": kind, "vocab_size": vocab, "sample": DEFAULT_BPE_SAMPLE * (kind != "char"),
              "fit": FIT_VERSION} \
         if tokenizer is None else \
         {"json": hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True)
                                 .encode("utf-8")).hexdigest()}
-    folder = cache_dir(prints, {**asked, "encoding": encoding, "newline": newline}, family,
-                       FORMAT_VERSION)
+    read = {"encoding": encoding, "newline": newline}
+    if text_field != "text":  # the key of a default read stays what it was
+        read["text_field"] = text_field
+    folder = cache_dir(prints, {**asked, **read}, family, FORMAT_VERSION)
     if _waiting_rank():
         while not is_prepared(folder):
             time.sleep(0.2)
@@ -228,14 +239,14 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
                 echo(f"using the prepared cache {folder}")
             return Cached(folder, _crlf(folder), True)
         fitted, crlf = _fit(files, encoding, newline, kind, vocab,
-                            tuple(family.get("special_tokens", ())), tokenizer)
+                            tuple(family.get("special_tokens", ())), tokenizer, text_field)
         separator = CHAR_SEPARATOR if fitted.kind == "char" else family.get("separator", "")
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / NOTE, {"sources": sources, "crlf": crlf})
         total = sum(p.stat().st_size for p in files)
         with tqdm(total=total, unit="B", unit_scale=True,
                   desc="prepare", disable=not sys.stderr.isatty() or None) as bar:
-            texts = read_texts(files, encoding, newline, [], bar.update)
+            texts = read_texts(files, encoding, newline, [], bar.update, text_field)
             blocks = ((first, piece.encode("utf-8", "surrogatepass"))  # pieces are cut in
                       for first, piece, _ in _blocks(texts))        # blocks, not whole files
             workers = default_workers() if total > WORKERS_FROM else 1  # spawning costs

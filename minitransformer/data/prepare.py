@@ -25,7 +25,7 @@ from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .encode import choose_encoder, encoder_spec
 from .reading import blocks, byte_blocks, sample_lines
 from .shards import check_val_fraction, write_stream
-from .sources import fingerprint, source_files
+from .sources import check_text_field, fingerprint, source_files
 
 CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
 DEFAULT_BPE_SAMPLE = 16_000_000  # bytes: every bundled corpus (8 MB at most) is seen whole
@@ -60,6 +60,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     ``bpe_sample``: bytes of text BPE is trained on (default 16 MB)."""
     check_val_fraction(val_fraction)
     files = source_files(sources)
+    check_text_field(files, text_field)
     read = {"text_field": text_field, "encoding": encoding, "errors": errors}
     total = sum(p.stat().st_size for p in files)
     prints, start = fingerprint(files), time.perf_counter()

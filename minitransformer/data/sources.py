@@ -59,6 +59,20 @@ def source_files(sources: list[str]) -> list[Path]:
     return files
 
 
+def has_records(path: Path) -> bool:
+    """Whether ``path`` holds records (JSONL lines, table rows) whose text is a field."""
+    return path.suffix.lower() in (".jsonl", *TABLES)
+
+
+def check_text_field(files: list[Path], text_field: str) -> None:
+    """A field other than "text" asked of sources without records (plain text, read whole):
+    a UserError, not a flag silently ignored."""
+    if text_field != "text" and not any(has_records(p) for p in files):
+        raise UserError(f"--text_field {text_field} names the text of JSONL records and "
+                        f"Parquet/Arrow rows; {', '.join(p.name for p in files[:3])} "
+                        f"{'is' if len(files) == 1 else 'are'} plain text, read whole: drop it")
+
+
 def read_documents(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
                    errors: str = "strict") -> Iterator[Document]:
     """Each file's documents: a text file is one; a .jsonl file one per line, a .parquet or
@@ -103,8 +117,8 @@ def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Docum
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{lineno}: not a JSON object")
             if field not in record:
-                raise UserError(f"{path}:{lineno}: no text field {field!r} (prepare "
-                                f"--text_field NAME reads another field)")
+                raise UserError(f"{path}:{lineno}: no text field {field!r} (--text_field "
+                                f"NAME reads another field)")
             if not isinstance(record[field], str):
                 raise UserError(f"{path}:{lineno}: field {field!r} holds "
                                 f"{type(record[field]).__name__}, not text")

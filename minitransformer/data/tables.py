@@ -64,13 +64,13 @@ def _check_column(path: Path, schema, field: str) -> None:
 
     if field not in schema.names:
         raise UserError(f"{path}: no column {field!r}; its columns are "
-                        f"{', '.join(schema.names) or 'none'} (prepare --text_field NAME reads "
+                        f"{', '.join(schema.names) or 'none'} (--text_field NAME reads "
                         f"another)")
     kind = schema.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
             or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
-        raise UserError(f"{path}: column {field!r} holds {kind}, not text (prepare "
-                        f"--text_field NAME reads another column)")
+        raise UserError(f"{path}: column {field!r} holds {kind}, not text "
+                        f"(--text_field NAME reads another column)")
 
 
 def _rows(path: Path, values: list, where: str) -> Iterator[tuple[str, str]]:

@@ -48,6 +48,7 @@ class TrainRequest:
     preset: str | None = None
     tokenizer: str | None = None
     newline: str | None = None  # normalize (default) or keep CRLF line ends
+    text_field: str | None = None  # the text of JSONL records / table rows (default "text")
     fields: dict = field(default_factory=dict)  # config fields given, of any config class
     resume: bool = False
     force: bool = False
@@ -112,7 +113,8 @@ def new_run(req: TrainRequest, echo=print):
     if not sized:  # the sizes are known: a setting that cannot work fails before the data
         family.check_fields(model_f)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
-                              model_f, req.tokenizer, req.data_tgt, req.newline)
+                              model_f, req.tokenizer, req.data_tgt, req.newline,
+                              text_field=req.text_field)
     _check_prepared_vocabulary(prepared, req.fields.get("vocab_size"))
     if sized:
         given_model, given_train = split_for(family, req.fields)
@@ -156,7 +158,7 @@ def pretrained_run(req: TrainRequest, echo=print):
     meta = source.meta if source.kind == "run" else {}
     try:
         prepared = family.reopen(meta, source.tokenizer, data, req.encoding or "utf-8",
-                                 req.data_tgt, req.newline)
+                                 req.data_tgt, req.newline, text_field=req.text_field)
     except UnknownCharactersError as e:
         raise UserError(f"{data}: {e}. A character model ({source.path}) can only be "
                         f"fine-tuned on text in its own alphabet: replace those characters, or "
@@ -201,6 +203,9 @@ def resumed_run(req: TrainRequest):
     tokenizer = ckpt.read_tokenizer(found[-1])
     if req.newline is not None and req.newline != data.get("newline", "normalize"):
         raise UserError("--resume keeps the run's --newline; drop it")
+    if req.text_field is not None and req.text_field != data.get("text_field", "text"):
+        raise UserError(f"--resume keeps the run's --text_field "
+                        f"({data.get('text_field', 'text')}); drop it")
     prepared = family.reopen(meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt)
     train_cfg = train_config(meta, train_f)

@@ -155,11 +155,17 @@ class Family:
 
     # -- what each family supplies ----------------------------------------------------------
     def prepare(self, source: str | list[str], encoding: str, fields: dict, kind: str | None,
-                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+                source_tgt: str | None = None, newline: str | None = None,
+                text_field: str | None = None) -> Prepared:
+        """The data of a new run. ``text_field``: the field of JSONL records and table rows
+        that holds the text (None: "text")."""
         raise NotImplementedError
 
     def reopen(self, meta: dict, tokenizer, source: str | list[str], encoding: str,
-               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+               source_tgt: str | None = None, newline: str | None = None,
+               text_field: str | None = None) -> Prepared:
+        """A run's data read again (resume, evaluate, --init_from); ``text_field`` None: the
+        run's own field where ``source`` is the run's own."""
         raise NotImplementedError
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:

@@ -46,6 +46,12 @@ from .base import (
 DECODING = frozenset({"beam", "length_penalty", "max_len"})
 
 
+def refuse_text_field(text_field: str | None) -> None:
+    if text_field is not None:
+        raise NotApplicable(f"--text_field {text_field}: sentence pairs are read by column "
+                            f"(--src and --tgt name them), not from one text field")
+
+
 class Seq2SeqFamily(Family):
     name = "seq2seq"
     presets = PRESETS
@@ -77,7 +83,9 @@ class Seq2SeqFamily(Family):
         return {**meta["model"], **meta.get("data", {}).get("config", {})}
 
     def prepare(self, source: str, encoding: str, fields: dict, kind: str | None,
-                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+                source_tgt: str | None = None, newline: str | None = None,
+                text_field: str | None = None) -> Prepared:
+        refuse_text_field(text_field)
         if not isinstance(source, str):
             raise NotApplicable("the encoder-decoder reads one parallel corpus: give --data "
                                 "once (and --data_tgt for two aligned files)")
@@ -97,9 +105,10 @@ class Seq2SeqFamily(Family):
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
                source_tgt: str | None = None, newline: str | None = None,
-               columns: dict | None = None) -> Prepared:
+               text_field: str | None = None, columns: dict | None = None) -> Prepared:
         """The run's corpus (or ``source``) read again; ``columns``: {"src": ..., "tgt": ...}
         to read instead of the columns the run was trained on (evaluate --src / --tgt)."""
+        refuse_text_field(text_field)
         data = meta.get("data", {})
         data_cfg = self._data_config({**data.get("config", {}), **(columns or {})})
         if source_tgt is None and source == data.get("source"):

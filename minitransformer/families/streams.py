@@ -13,16 +13,18 @@ from pathlib import Path
 
 import torch
 
-from ..data import check_length, load_text, normalize_newlines, split_ids
+from ..data import check_length, split_ids
 from ..data.cache import (
     Cached,
     check_sources,
     find_cached,
     prepare_cached,
+    read_texts,
     recorded_source,
 )
 from ..data.prepare import prepare_corpus
 from ..data.shards import TOKENIZER, is_prepared, open_shards
+from ..data.sources import check_text_field, source_files
 from ..errors import UserError
 from ..tokenizers import load_tokenizer
 from ..training.device import pick_dtype
@@ -37,6 +39,17 @@ def as_sources(source: str | list[str]) -> list[str]:
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
+
+
+def with_field(text_field: str) -> dict:
+    """What a run records of its text field: nothing for the default, "text"."""
+    return {} if text_field == "text" else {"text_field": text_field}
+
+
+def refuse_field_of_prepared(folder: str, text_field: str | None) -> None:
+    if text_field is not None:
+        raise NotApplicable(f"--text_field {text_field}: {folder} is prepared, its text was "
+                            f"read when it was (prepare --text_field); drop the flag")
 
 
 class StreamFamily(Family):
@@ -56,7 +69,8 @@ class StreamFamily(Family):
                 "separator": self.bpe_separator}
 
     def prepare(self, source: str | list[str], encoding: str, fields: dict, kind: str | None,
-                source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+                source_tgt: str | None = None, newline: str | None = None,
+                text_field: str | None = None) -> Prepared:
         """A DATA_DIR as it is; any other source (files, folders, globs, JSONL, tables, several
         of them) prepared into the cache once, then read from there as a DATA_DIR is."""
         if source_tgt:
@@ -64,6 +78,7 @@ class StreamFamily(Family):
                                 f"text (--model seq2seq translates)")
         sources = as_sources(source)
         if len(sources) == 1 and is_prepared(sources[0]):
+            refuse_field_of_prepared(sources[0], text_field)
             return self._open_prepared(sources[0], kind)
         folders = [s for s in sources if is_prepared(s)]
         if folders:
@@ -73,30 +88,38 @@ class StreamFamily(Family):
         kind = kind or "char"
         vocab = fields.get("vocab_size") if kind != "char" else None
         mode = newline or "normalize"
-        cached = prepare_cached(sources, self.cache_family(), kind, vocab, encoding, mode)
-        return self._open_cached(cached, sources, encoding, mode)
+        field = text_field or "text"
+        cached = prepare_cached(sources, self.cache_family(), kind, vocab, encoding, mode,
+                                text_field=field)
+        return self._open_cached(cached, sources, encoding, mode, text_field=field)
 
     def reopen(self, meta: dict, tokenizer, source: str | list[str], encoding: str,
-               source_tgt: str | None = None, newline: str | None = None) -> Prepared:
+               source_tgt: str | None = None, newline: str | None = None,
+               text_field: str | None = None) -> Prepared:
         sources = as_sources(source)
         data = meta.get("data", {})
         if len(sources) == 1 and (is_prepared(sources[0]) or (
                 data.get("prepared") and source == data.get("source"))):
+            refuse_field_of_prepared(sources[0], text_field)
             return self._reopen_prepared(sources[0], tokenizer, data)
         mode = newline or data.get("newline", "normalize")
+        field = text_field or (data.get("text_field", "text") if source == data.get("source")
+                               else "text")
         if not hasattr(tokenizer, "to_dict"):  # a Hugging Face folder's: encoded in memory
-            if len(sources) > 1:
-                raise NotApplicable("--init_from a Hugging Face folder reads one text file")
-            text, crlf = normalize_newlines(load_text(sources[0], encoding), mode)
-            return self._encode(text, tokenizer, sources[0], encoding, mode, crlf)
+            files = source_files(sources)
+            check_text_field(files, field)
+            counted: list[int] = []
+            docs = read_texts(files, encoding, mode, counted, text_field=field)
+            text = self.bpe_separator.join(doc.text for doc in docs)  # as prepare joins them
+            return self._encode(text, tokenizer, source, encoding, mode, sum(counted), field)
         if source == data.get("source"):
             check_sources(data, sources)
         cached = find_cached(data.get("cache"), tokenizer) if source == data.get("source") \
             else None
         cached = cached or prepare_cached(sources, self.cache_family(), tokenizer.kind, None,
                                           encoding, mode, tokenizer=tokenizer, echo=_stderr,
-                                          say_reused=False)
-        return self._open_cached(cached, sources, encoding, mode, tokenizer)
+                                          say_reused=False, text_field=field)
+        return self._open_cached(cached, sources, encoding, mode, tokenizer, field)
 
     def _reopen_prepared(self, folder: str, tokenizer, data: dict) -> Prepared:
         if not is_prepared(folder):
@@ -115,14 +138,15 @@ class StreamFamily(Family):
         return prepared
 
     def _open_cached(self, cached: Cached, sources: list[str], encoding: str, mode: str,
-                     tokenizer=None) -> Prepared:
+                     tokenizer=None, text_field: str = "text") -> Prepared:
         """A cached DATA_DIR read as the sources themselves: config.json names the sources
         (absolute, with their fingerprints), not the cache."""
         manifest, train_ids, val_ids = open_shards(cached.folder)
         tokenizer = tokenizer or load_tokenizer(cached.folder / TOKENIZER)
         data_meta = {"source": recorded_source(sources), "encoding": encoding,
                      "tokenizer": tokenizer.kind, "newline": mode,
-                     "sources": manifest.get("sources", []), "cache": cached.folder.name}
+                     "sources": manifest.get("sources", []), "cache": cached.folder.name,
+                     **with_field(text_field)}
         note = f"; {cached.crlf:,} CRLF line ends read as \\n (--newline keep keeps them)" \
             if cached.crlf else ""
         docs = f" in {manifest['documents']:,} documents" if manifest["documents"] > 1 else ""
@@ -156,12 +180,12 @@ class StreamFamily(Family):
         return prepare_corpus(sources, out, kind, vocab, special_tokens=self.special_tokens,
                               bpe_separator=self.bpe_separator, **options)
 
-    def _encode(self, text: str, tokenizer, source: str, encoding: str, newline: str,
-                crlf: int) -> Prepared:
+    def _encode(self, text: str, tokenizer, source: str | list[str], encoding: str,
+                newline: str, crlf: int, text_field: str = "text") -> Prepared:
         ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
         train_ids, val_ids = split_ids(ids)
         data_meta = {"source": source, "encoding": encoding, "tokenizer": tokenizer.kind,
-                     "newline": newline}
+                     "newline": newline, **with_field(text_field)}
         note = f"; {crlf:,} CRLF line ends read as \\n (--newline keep keeps them)" if crlf \
             else ""
         return Prepared(source, encoding, tokenizer, data_meta, train_ids, val_ids,
