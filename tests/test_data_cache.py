@@ -193,6 +193,15 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys):
     capsys.readouterr()
     clear_cache(lambda line: None)  # prepared again from the recorded field
     assert main(["evaluate", str(run)]) == 0
+    own = capsys.readouterr().out
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(body.read_bytes())
+    assert main(["evaluate", str(run), "--data", str(copy)]) == 2  # another file: "text"...
+    assert "no text field 'text'" in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--data", str(copy), "--text_field", "body"]) == 0
+    assert capsys.readouterr().out == own  # ... unless another is named
+    assert main(["evaluate", str(run), "--data", str(text)]) == 0
+    assert capsys.readouterr().out == own
     assert main(["train", "--out", str(run), "--resume", "--max_iters", "7", "--quiet"]) == 0
     capsys.readouterr()
     plain = tmp_path / "plain.txt"
@@ -211,7 +220,8 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys):
             (["train", "--data", "bible_en_es", "--text_field", "body", "--out",
               str(tmp_path / "r4"), *DEBUG], "--src and --tgt"),
             (["prepare", "--data", str(plain), "--text_field", "body", "--out",
-              str(tmp_path / "d")], "plain text")]:
+              str(tmp_path / "d")], "plain text"),
+            (["evaluate", str(run), "--text_field", "body"], "names the text of --data")]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err

@@ -13,7 +13,7 @@ from ..families.seq2seq import BLEU_TOKENIZERS
 from ..training.device import pick_device
 from .flags import add_decoding_flags, add_device, add_run_dir, nonneg_int, positive_int, seed
 
-OPTIONS = ("data", "encoding", "eval_iters", "batch_size", "seed", "split", "limit",
+OPTIONS = ("data", "encoding", "text_field", "eval_iters", "batch_size", "seed", "split", "limit",
            "examples", "beam", "length_penalty", "max_len", "bleu_tokenize", "src", "tgt")
 
 
@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     e.add_argument("--data", default=None, help="corpus (default: the one it was trained on)")
     e.add_argument("--encoding", default=None,
                    help="text encoding of --data (default: the run's)")
+    e.add_argument("--text_field", default=None, metavar="NAME",
+                   help="the field of --data's JSONL records or table rows that holds the text "
+                        "(default: the run's for its own data, else text)")
     e.add_argument("--eval_iters", type=positive_int, default=None,
                    help="batches averaged for the val loss (default: the run's eval_iters)")
     e.add_argument("--batch_size", type=positive_int, default=None,
@@ -54,6 +57,9 @@ def cmd_evaluate(args) -> int:
     if args.encoding is not None and args.data is None:
         raise NotApplicable("--encoding is the encoding of --data; without it the run's own "
                             "data is read in the run's encoding")
+    if args.text_field is not None and args.data is None:
+        raise NotApplicable("--text_field names the text of --data; without it the run's own "
+                            "data is read by the run's own field")
     device = pick_device(args.device)
     run = load_run(args.dir, args.which, device)
     foreign = sorted(set(options) - run.family.evaluate_options)

@@ -57,7 +57,8 @@ class StreamFamily(Family):
 
     special_tokens: tuple[str, ...] = ()
     bpe_separator = "\n\n"  # what a BPE stream puts between prepared documents
-    evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed"})
+    evaluate_options = frozenset({"data", "encoding", "text_field", "eval_iters", "batch_size",
+                                  "seed"})
 
     def tokenizer_extras(self, tokenizer) -> dict:
         """Ids the family adds beside the tokenizer's own (the encoder's [MASK])."""
@@ -200,7 +201,8 @@ class StreamFamily(Family):
         """(task, batch size, eval_iters, dtype) on the corpus the run was trained on, as the
         trainer measured it: the same batches, the same precision."""
         source, encoding = data_source(meta, options)
-        prepared = self.reopen(meta, tokenizer, source, encoding)
+        prepared = self.reopen(meta, tokenizer, source, encoding,
+                               text_field=options.get("text_field"))
         self.check_length(prepared, model.config.block_size)
         cfg = train_config(meta)
         task = self.make_task(prepared, model.config)
