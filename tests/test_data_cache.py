@@ -171,7 +171,7 @@ def test_several_sources_are_prepared_together_in_order(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "run")]) == 0
 
 
-def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys):
+def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, monkeypatch):
     """train --text_field NAME reads that field of each JSONL record: the same tokens as a
     file of field "text" holding the same documents; the run records it, and resume and
     evaluate read it again; where it does not apply it is an error, never ignored."""
@@ -202,7 +202,20 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys):
     assert capsys.readouterr().out == own  # ... unless another is named
     assert main(["evaluate", str(run), "--data", str(text)]) == 0
     assert capsys.readouterr().out == own
-    assert main(["train", "--out", str(run), "--resume", "--max_iters", "7", "--quiet"]) == 0
+    assert main(["evaluate", str(run), "--data", str(body), "--text_field", "id"]) == 2
+    assert "holds int, not text" in capsys.readouterr().err  # not the run's cached "body"
+    monkeypatch.chdir(tmp_path)  # the run's own file named relatively: still its own field
+    assert main(["evaluate", str(run), "--data", body.name]) == 0
+    assert capsys.readouterr().out == own
+    moved = tmp_path / "moved.jsonl"
+    body.rename(moved)  # resumed from where it moved to: the same field, still recorded
+    assert main(["train", "--out", str(run), "--resume", "--data", str(moved), "--max_iters",
+                 "7", "--quiet"]) == 0
+    saved = json.loads((run / "config.json").read_text(encoding="utf-8"))["data"]
+    assert saved["text_field"] == "body" and saved["source"] == str(moved)
+    moved.rename(body)
+    assert main(["train", "--out", str(run), "--resume", "--data", str(body), "--max_iters",
+                 "8", "--quiet"]) == 0
     capsys.readouterr()
     plain = tmp_path / "plain.txt"
     plain.write_text(ENGLISH, encoding="utf-8")

@@ -207,7 +207,8 @@ def resumed_run(req: TrainRequest):
         raise UserError(f"--resume keeps the run's --text_field "
                         f"({data.get('text_field', 'text')}); drop it")
     prepared = family.reopen(meta, tokenizer, source,
-                             req.encoding or data.get("encoding", "utf-8"), req.data_tgt)
+                             req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
+                             text_field=data.get("text_field"))  # --data moved: the same field
     train_cfg = train_config(meta, train_f)
     try:
         built = family.build(prepared, saved, train_cfg.seed)

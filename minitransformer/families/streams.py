@@ -89,7 +89,7 @@ class StreamFamily(Family):
         kind = kind or "char"
         vocab = fields.get("vocab_size") if kind != "char" else None
         mode = newline or "normalize"
-        field = text_field or "text"
+        field = "text" if text_field is None else text_field
         cached = prepare_cached(sources, self.cache_family(), kind, vocab, encoding, mode,
                                 text_field=field)
         return self._open_cached(cached, sources, encoding, mode, text_field=field)
@@ -104,8 +104,9 @@ class StreamFamily(Family):
             refuse_field_of_prepared(sources[0], text_field)
             return self._reopen_prepared(sources[0], tokenizer, data)
         mode = newline or data.get("newline", "normalize")
-        field = text_field or (data.get("text_field", "text") if source == data.get("source")
-                               else "text")
+        own = recorded_source(sources) == data.get("source")  # the run's text, however named
+        recorded_field = data.get("text_field", "text")
+        field = text_field if text_field is not None else recorded_field if own else "text"
         if not hasattr(tokenizer, "to_dict"):  # a Hugging Face folder's: encoded in memory
             files = source_files(sources)
             check_text_field(files, field)
@@ -113,10 +114,11 @@ class StreamFamily(Family):
             docs = read_texts(files, encoding, mode, counted, text_field=field)
             text = self.bpe_separator.join(doc.text for doc in docs)  # as prepare joins them
             return self._encode(text, tokenizer, source, encoding, mode, sum(counted), field)
-        if source == data.get("source"):
+        same = source == data.get("source")  # as recorded: checked, its cache reused
+        if same:
             check_sources(data, sources)
-        cached = find_cached(data.get("cache"), tokenizer) if source == data.get("source") \
-            else None
+        cached = find_cached(data.get("cache"), tokenizer) \
+            if same and field == recorded_field else None
         cached = cached or prepare_cached(sources, self.cache_family(), tokenizer.kind, None,
                                           encoding, mode, tokenizer=tokenizer, echo=_stderr,
                                           say_reused=False, text_field=field)
