@@ -197,6 +197,18 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     and a caller may change the weights while the generator waits (a training step between
     two tokens), which the packed copies would not see.
     """
+    for nxt, _ in decode_steps(model, idx, max_new_tokens, temperature, top_k, top_p, seed,
+                               use_cache, context_shift, context_mode):
+        yield nxt
+
+
+@torch.inference_mode()
+def decode_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None, use_cache: bool = True,
+                 context_shift: int | None = None, context_mode: ContextMode = "recompute"):
+    """``generate_tokens``, yielding each new token (B, 1) with the last position's logits it
+    was sampled from (B, V) (the server's log-probabilities)."""
     c = model.config
     shift = default_context_shift(c.block_size) if context_shift is None else context_shift
     check_context(c.block_size, shift, context_mode, c.pos_encoding)
@@ -218,6 +230,7 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                     roll_cache(model, cache, new_start - start)
                 logits, _ = model(idx[:, -1:], cache=cache)  # (B, 1, V): one new position
             start = new_start
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generators)  # (B, 1)
+            last = logits[:, -1, :]  # (B, V)
+            nxt = sample_next(last, temperature, top_k, top_p, generators)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
-            yield nxt
+            yield nxt, last
