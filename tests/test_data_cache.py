@@ -216,6 +216,10 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, m
     moved.rename(body)
     assert main(["train", "--out", str(run), "--resume", "--data", str(body), "--max_iters",
                  "8", "--quiet"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--data", str(text), "--text_field",
+                 "text", "--max_iters", "9", "--quiet"]) == 0  # new text, another field
+    saved = json.loads((run / "config.json").read_text(encoding="utf-8"))["data"]
+    assert "text_field" not in saved and saved["source"] == str(text)
     capsys.readouterr()
     plain = tmp_path / "plain.txt"
     plain.write_text(ENGLISH, encoding="utf-8")
@@ -225,11 +229,12 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, m
     for argv, said in [
             (["train", "--data", str(tmp_path / "dd"), "--text_field", "body", "--out",
               str(tmp_path / "r1"), *DEBUG], "is prepared"),
-            (["train", "--data", str(body), "--out", str(tmp_path / "r2"), *DEBUG], "'text'"),
+            (["train", "--data", str(body), "--out", str(tmp_path / "r2"), *DEBUG],
+             "no text field 'text'; its fields are id, body"),
             (["train", "--data", str(plain), "--text_field", "body", "--out",
               str(tmp_path / "r3"), *DEBUG], "plain.txt is plain text"),
             (["train", "--out", str(run), "--resume", "--text_field", "id"],
-             "keeps the run's --text_field (body)"),
+             "by its --text_field (text); another field is for a new --data"),
             (["train", "--data", "bible_en_es", "--text_field", "body", "--out",
               str(tmp_path / "r4"), *DEBUG], "--src and --tgt"),
             (["prepare", "--data", str(plain), "--text_field", "body", "--out",
@@ -239,6 +244,27 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, m
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
     assert not (tmp_path / "r3").exists() and not (tmp_path / "d").exists()
+
+
+def test_json_lines_in_json_and_ndjson_files_are_records(tmp_path, capsys):
+    """datasets' to_json writes JSON Lines to .json: read by records, as .jsonl and .ndjson;
+    a .json file holding one document over several lines stays one text."""
+    from minitransformer.data.sources import read_documents
+
+    docs = ["the first record", "the second,\nover two lines"]
+    lines = "".join(json.dumps({"content": d}) + "\n" for d in docs)
+    for name in ("a.jsonl", "a.ndjson", "a.json"):
+        (tmp_path / name).write_text(lines, encoding="utf-8")
+        got = [d.text for d in read_documents([tmp_path / name], "content")]
+        assert got == docs, name
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps({"content": "x"}, indent=2), encoding="utf-8")
+    assert [d.text for d in read_documents([pretty], "content")] == [pretty.read_text()]
+    assert main(["train", "--data", str(tmp_path / "a.json"), "--text_field", "content",
+                 "--out", str(tmp_path / "run"), *DEBUG[:2], "--block_size", "4",
+                 "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+                 "--sample_tokens", "0", "--quiet"]) == 0
+    capsys.readouterr()
 
 
 def test_torchruns_other_ranks_wait_while_local_rank_0_prepares(tmp_path, monkeypatch):

@@ -80,8 +80,9 @@ def add_parser(sub) -> None:
                    help="normalize: read Windows (CRLF) line ends as \\n, saying so; keep: "
                         "train on them as they are (default normalize)")
     t.add_argument("--text_field", default=None, metavar="NAME",
-                   help="the field of each JSONL record, or the column of a Parquet, Arrow or "
-                        "datasets table, that holds its text (default text)")
+                   help="the field of each JSON Lines record, or the column of a Parquet, "
+                        "Arrow or datasets table, that holds its text, in every source "
+                        "(default text; on --resume the run's own, or another for a new --data)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_early_stop(t)
     add_config_flags(t, CONFIG_GROUPS, preset_defaults())

@@ -46,6 +46,7 @@ from .sources import (
     check_text_field,
     fingerprint,
     has_records,
+    is_json_lines,
     read_documents,
     source_files,
 )
@@ -228,6 +229,8 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
     read = {"encoding": encoding, "newline": newline}
     if text_field != "text":  # the key of a default read stays what it was
         read["text_field"] = text_field
+    if any(p.suffix.lower() != ".jsonl" and is_json_lines(p) for p in files):
+        read["json_lines"] = 1  # .json / .ndjson, read as text before they were records
     folder = cache_dir(prints, {**asked, **read}, family, FORMAT_VERSION)
     if _waiting_rank():
         while not is_prepared(folder):

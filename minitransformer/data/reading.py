@@ -20,14 +20,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import UserError
-from .sources import TABLES, read_documents
+from .sources import has_records, read_documents
 
 BLOCK_BYTES = 1 << 20
-RECORDS = {".jsonl", *TABLES}  # what read_documents reads as records, not as one text
-
-
 def is_text_file(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() not in RECORDS
+    """A file read whole as one text (not records: ``sources.has_records``)."""
+    return path.is_file() and not has_records(path)
 
 
 def blocks(files: list[Path], text_field: str = "text", encoding: str = "utf-8",

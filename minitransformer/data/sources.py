@@ -2,8 +2,10 @@
 
     bundled names, files, folders (every file under them, sorted), globs, and folders written
     by ``datasets``' ``save_to_disk`` (their Arrow files, in row order)
-    a text file is one document; a ``.jsonl`` file one per line (its text field); a
-    ``.parquet`` or ``.arrow`` file one per row (its text column: tables.py)
+    a text file is one document; JSON Lines one per line (its text field): ``.jsonl`` and
+    ``.ndjson`` files, and a ``.json`` file whose first line is a whole JSON object (what
+    ``datasets``' ``to_json`` writes); a ``.parquet`` or ``.arrow`` file one per row (its text
+    column: tables.py)
 
 Every document carries where it came from (``file`` or ``file:line``) for messages, and each
 source file a fingerprint (absolute path, size, SHA-256) to notice a moved or changed source.
@@ -59,9 +61,29 @@ def source_files(sources: list[str]) -> list[Path]:
     return files
 
 
+JSON_LINES = (".jsonl", ".ndjson")  # JSON Lines by name; a .json file by its first line
+
+
+def is_json_lines(path: Path) -> bool:
+    """Whether ``path`` is JSON Lines: a .jsonl or .ndjson file, or a .json file whose first
+    line is a whole JSON object (``Dataset.to_json`` writes JSON Lines to .json by default).
+    Any other .json file (one document spread over lines) is read as one text."""
+    suffix = path.suffix.lower()
+    if suffix in JSON_LINES:
+        return True
+    if suffix != ".json":
+        return False
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        return isinstance(json.loads(first.decode("utf-8-sig")), dict)
+    except (OSError, ValueError):  # unreadable (said later), or not one object a line
+        return False
+
+
 def has_records(path: Path) -> bool:
-    """Whether ``path`` holds records (JSONL lines, table rows) whose text is a field."""
-    return path.suffix.lower() in (".jsonl", *TABLES)
+    """Whether ``path`` holds records (JSON Lines, table rows) whose text is a field."""
+    return path.suffix.lower() in TABLES or is_json_lines(path)
 
 
 def check_text_field(files: list[Path], text_field: str) -> None:
@@ -75,11 +97,11 @@ def check_text_field(files: list[Path], text_field: str) -> None:
 
 def read_documents(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
                    errors: str = "strict") -> Iterator[Document]:
-    """Each file's documents: a text file is one; a .jsonl file one per line, a .parquet or
-    .arrow file one per row (the ``text_field`` of each)."""
+    """Each file's documents: a text file is one; JSON Lines one per line (``is_json_lines``),
+    a .parquet or .arrow file one per row (the ``text_field`` of each)."""
     for path in files:
         suffix = path.suffix.lower()
-        if suffix == ".jsonl":
+        if is_json_lines(path):
             yield from _jsonl(path, text_field, encoding, errors)
             continue
         if suffix in TABLES:
@@ -117,8 +139,9 @@ def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Docum
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{lineno}: not a JSON object")
             if field not in record:
-                raise UserError(f"{path}:{lineno}: no text field {field!r} (--text_field "
-                                f"NAME reads another field)")
+                fields = ", ".join(record) or "none"
+                raise UserError(f"{path}:{lineno}: no text field {field!r}; its fields are "
+                                f"{fields} (--text_field NAME reads another)")
             if not isinstance(record[field], str):
                 raise UserError(f"{path}:{lineno}: field {field!r} holds "
                                 f"{type(record[field]).__name__}, not text")

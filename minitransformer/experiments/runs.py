@@ -203,12 +203,16 @@ def resumed_run(req: TrainRequest):
     tokenizer = ckpt.read_tokenizer(found[-1])
     if req.newline is not None and req.newline != data.get("newline", "normalize"):
         raise UserError("--resume keeps the run's --newline; drop it")
+    field = data.get("text_field")  # --data alone (a moved file): the run's field
     if req.text_field is not None and req.text_field != data.get("text_field", "text"):
-        raise UserError(f"--resume keeps the run's --text_field "
-                        f"({data.get('text_field', 'text')}); drop it")
+        if req.data is None:
+            raise UserError(f"--resume reads the run's own data by its --text_field "
+                            f"({data.get('text_field', 'text')}); another field is for a new "
+                            f"--data")
+        field = req.text_field  # new text of another shape
     prepared = family.reopen(meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
-                             text_field=data.get("text_field"))  # --data moved: the same field
+                             text_field=field)
     train_cfg = train_config(meta, train_f)
     try:
         built = family.build(prepared, saved, train_cfg.seed)
