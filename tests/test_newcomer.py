@@ -60,6 +60,18 @@ def test_a_longer_resume_announces_the_new_schedule(run, capsys):
     assert "done: 8 steps" in out
 
 
+def test_a_resume_inside_the_warmup_says_it_is_still_warming_up(run, capsys):
+    """Inside the warmup the rate does not depend on the run's length: no "goes from x to x"."""
+    out_dir = run / "warm"
+    flags = list(DEBUG)
+    flags[flags.index("--warmup_iters") + 1] = "20"
+    assert main(["train", "--data", str(run / "own.txt"), "--out", str(out_dir), *flags]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(out_dir), "--resume", "--max_iters", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "at step 4 the run is still warming up (to step 20" in out and "goes from" not in out
+
+
 def test_evaluate_lines_are_aligned(run, capsys):
     assert main(["evaluate", str(run / "r")]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -239,6 +239,10 @@ def resume_notes(meta: dict, state: dict, train_cfg: TrainConfig, model) -> list
     before = learning_rate(old, step, _progress(old, step, seconds), model)
     after = learning_rate(train_cfg, step, _progress(train_cfg, step, seconds), model)
     what = ", ".join(f"{k} {getattr(old, k)} -> {getattr(train_cfg, k)}" for k in changed)
+    if step < train_cfg.warmup_iters and train_cfg.lr_schedule != "noam":
+        return [f"resume changes the schedule ({what}): at step {step} the run is still "
+                f"warming up (to step {train_cfg.warmup_iters}, learning rate {after:.3g} "
+                f"now), then the rate decays over the new length"]
     return [f"resume changes the schedule ({what}): the learning rate at step {step} goes "
             f"from {before:.3g} to {after:.3g}, then decays over the new length"]
 
