@@ -267,6 +267,21 @@ def test_json_lines_in_json_and_ndjson_files_are_records(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_a_compressed_file_is_named_as_compressed(tmp_path, capsys):
+    """A .gz (or bzip2, xz, zstd, zip) file is refused as compressed, not as "binary"."""
+    import gzip
+
+    packed = tmp_path / "d.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"text": "hello"}\n' * 50))
+    for argv in (["train", "--data", str(packed), "--out", str(tmp_path / "r"), *DEBUG],
+                 ["train", "--data", str(packed), "--text_field", "body", "--out",
+                  str(tmp_path / "r"), *DEBUG],
+                 ["prepare", "--data", str(packed), "--out", str(tmp_path / "d")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "d.jsonl.gz is gzip-compressed; decompress it" in err and err.count("\n") == 1
+
+
 def test_torchruns_other_ranks_wait_while_local_rank_0_prepares(tmp_path, monkeypatch):
     import threading
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .sources import has_records, read_documents
+from .text import refuse_compressed
 
 BLOCK_BYTES = 1 << 20
 def is_text_file(path: Path) -> bool:
@@ -77,6 +78,7 @@ def _decodes(path: Path, encoding: str) -> bool:
 
 
 def _text_blocks(path: Path, encoding: str, errors: str) -> Iterator[tuple[bool, str, int]]:
+    refuse_compressed(path)
     if errors == "skip" and not _decodes(path, encoding):
         return
     decoder, offset, first = _decoder(encoding, errors), 0, True

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .tables import arrow_rows, dataset_files, is_dataset_folder, parquet_rows
-from .text import BUNDLED, corpus_path
+from .text import BUNDLED, corpus_path, refuse_compressed
 
 TABLES = {".parquet": parquet_rows, ".arrow": arrow_rows}  # suffix -> rows of (text, where)
 
@@ -90,6 +90,8 @@ def check_text_field(files: list[Path], text_field: str) -> None:
     """A field other than "text" asked of sources without records (plain text, read whole):
     a UserError, not a flag silently ignored."""
     if text_field != "text" and not any(has_records(p) for p in files):
+        for path in files:
+            refuse_compressed(path)
         raise UserError(f"--text_field {text_field} names the text of JSONL records and "
                         f"Parquet/Arrow rows; {', '.join(p.name for p in files[:3])} "
                         f"{'is' if len(files) == 1 else 'are'} plain text, read whole: drop it")

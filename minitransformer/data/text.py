@@ -30,6 +30,31 @@ def corpus_path(source: str) -> Path:
     return path
 
 
+COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
+              b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}  # magic bytes -> format
+
+
+def compression(head: bytes) -> str | None:
+    """The compressed format a file's first bytes announce, or None."""
+    return next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+
+
+def refuse_compressed(path, head: bytes | None = None) -> None:
+    """A compressed file is not read through its compression: say so, not "binary".
+    ``head``: its first bytes, read here when not given (an unreadable file passes: the
+    reading says why)."""
+    if head is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except OSError:
+            return
+    kind = compression(head)
+    if kind is not None:
+        raise UserError(f"{path} is {kind}-compressed; decompress it first and pass the text "
+                        f"(or JSONL) inside")
+
+
 def load_text(source: str, encoding: str = "utf-8") -> str:
     """Read a corpus as text, refusing empty, binary and wrongly decoded files with a message."""
     path = corpus_path(source)
@@ -43,6 +68,7 @@ def load_text(source: str, encoding: str = "utf-8") -> str:
         wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
     except LookupError:
         raise UserError(f"unknown encoding {encoding!r}") from None
+    refuse_compressed(source, raw[:8])
     if b"\x00" in raw[:65536] and not wide:
         hint = " (UTF-16 text? pass --encoding utf-16)" \
             if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
