@@ -5,6 +5,7 @@ everything else runs exactly as printed."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -39,6 +40,10 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     # the reader's own files that the page's examples name
     (tmp_path / "my_text.txt").write_text(load_text("tang")[:20_000], encoding="utf-8")
+    poems = load_text("tang")[:20_000].split("\n\n")
+    (tmp_path / "notes.jsonl").write_text(
+        "".join(json.dumps({"id": i, "content": p}, ensure_ascii=False) + "\n"
+                for i, p in enumerate(poems)), encoding="utf-8")
     pairs = [f"p{i}\t{en}\t{zh}" for i, (en, zh) in enumerate(PAIRS * 8)]
     (tmp_path / "my_pairs.tsv").write_text("ref\ten\tzh\n" + "\n".join(pairs) + "\n",
                                            encoding="utf-8")
