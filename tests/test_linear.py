@@ -606,3 +606,32 @@ def test_generate_packs_for_its_run_and_a_waiting_stream_holds_nothing(make_gpt)
         after = model(torch.cat([prompt, first], dim=1))[0][0, -1].argmax()
     assert before != after  # so a stale copy would show
     assert next(stream).item() == after.item()
+
+
+@pytest.mark.parametrize("shape", [(1, 1536), (8, 1536), (3, 2, 10), (5, 7), (1, 40000)])
+def test_own_gelu_is_x_times_phi_x(shape):
+    # x Φ(x) in fp64, Φ from erf: the same values in the same places, every path of own_gelu
+    # (a transposed view, and F.gelu for odd counts and large tensors)
+    x = torch.randn(shape) * 3
+    phi = 0.5 * (1 + torch.erf(x.double() / 2 ** 0.5))
+    y = packing_mod.own_gelu(x)
+    assert y.shape == x.shape and y.is_contiguous()
+    torch.testing.assert_close(y.double(), x.double() * phi, rtol=1e-6, atol=4e-6)
+
+
+def test_own_gelu_takes_pytorchs_own_kernel_for_a_step():
+    # the step's sizes go to PyTorch's kernel (what F.gelu computes with oneDNN turned off),
+    # a non-contiguous input keeps F.gelu, whose result is its own
+    x = torch.randn(8, 1536)
+    with torch.backends.mkldnn.flags(enabled=False):
+        own_kernel = F.gelu(x)
+    assert torch.equal(packing_mod.own_gelu(x), own_kernel)
+    strided = torch.randn(1536, 8).t()
+    assert torch.equal(packing_mod.own_gelu(strided), F.gelu(strided))
+
+
+def test_unfused_activation():
+    assert packing_mod.unfused_activation(nn.GELU()) is packing_mod.own_gelu
+    assert packing_mod.unfused_activation(nn.ReLU()) is F.relu
+    tanh = nn.GELU(approximate="tanh")  # PyTorch's own kernel already
+    assert packing_mod.unfused_activation(tanh) is tanh

@@ -5,6 +5,7 @@ import torch
 
 from minitransformer.nn import kernels as kernels_mod
 from minitransformer.nn import linear as linear_mod
+from minitransformer.nn import packing as packing_mod
 from minitransformer.nn import step as step_mod
 from minitransformer.nn.block import DecoderBlock
 from minitransformer.nn.kv_cache import KVCache
@@ -85,6 +86,25 @@ def test_the_step_equals_the_modules(monkeypatch, plan_runs, kw, kernel):
     assert len(plan_runs) == 6
     assert "step_plan" not in vars(block) and block.step_plan is None  # dropped at the end
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["blas", "packed"])
+def test_the_steps_exact_gelu_is_pytorchs_own_where_no_product_applies_it(monkeypatch, kernel):
+    # after BLAS's product the step applies own_gelu; oneDNN's packed product applies GELU
+    # itself (its post-op), so nothing runs after it
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
+    calls = []
+
+    def counted(x):
+        calls.append(x.shape)
+        return packing_mod.F.gelu(x)
+
+    monkeypatch.setattr(packing_mod, "own_gelu", counted)
+    block = make_block(activation="gelu", cross_attention=False)
+    with linear_mod.packed_weights(block):
+        decode(block, torch.randn(3, 4, C))
+    assert calls == ([(3, FF)] * 4 if kernel == "blas" else [])
 
 
 def test_beams_grouped_on_their_sentence_keys(plan_runs):

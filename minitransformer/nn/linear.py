@@ -43,6 +43,7 @@ from .packing import (
     pack,
     packed_linear,
     packing_works,
+    unfused_activation,
 )
 
 
@@ -139,15 +140,16 @@ def drop_attribute(module: nn.Module, name: str) -> None:
 def linear_then(layer: nn.Module, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
     """act(layer(x)); inside ``packed_weights`` one call for a plain ``Linear`` and an
     activation oneDNN can apply itself (ReLU, GELU), which saves the activation's own pass
-    (where that call is measured the faster, against BLAS's product and the activation).
+    (where that call is measured the faster, against BLAS's or MKL's product and the
+    activation, ``unfused_activation``).
     (A LoRA wrapper adds its path after the product, before the activation: never fused.)"""
     packed = layer.packed if type(layer) is Linear else None
     if use_packed(packed, x) and (post := fused_activation(act)) is not None:
-        mkl = layer.mkl_packed
+        mkl, then = layer.mkl_packed, unfused_activation(act)
         return measured_product(
             layer.kernels, layer, x, lambda: packed_linear(x, packed, layer.bias, post),
-            lambda: act(F.linear(x, layer.weight, layer.bias)),
-            None if mkl is None else lambda: act(mkl(x)))
+            lambda: then(F.linear(x, layer.weight, layer.bias)),
+            None if mkl is None else lambda: then(mkl(x)))
     return act(layer(x))
 
 

@@ -127,6 +127,37 @@ def fused_activation(act: nn.Module) -> tuple[str, str] | None:
     return None
 
 
+# An exact GELU on at most this many values goes to PyTorch's own kernel (``own_gelu``).
+OWN_GELU_MAX = 32768
+
+
+def own_gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact GELU, x Φ(x), by PyTorch's own CPU kernel, for a decoding step's few thousand
+    values.
+
+    ``F.gelu`` hands a contiguous fp32 CPU tensor to oneDNN's eltwise primitive, whose fixed
+    cost is large beside so little arithmetic: hot, 9.5 µs on 1,536 values where PyTorch's
+    own kernel takes 1.7; inside a decoding loop, 9% of a one-row step of a 6-layer model
+    (docs/BENCHMARKS.md, "GELU in decoding steps"). A transposed view of the same values is
+    not contiguous, so it goes to PyTorch's own kernel, which writes the result in the
+    view's layout: transposed back, it is x's. The two kernels agree to within an fp32
+    rounding or two. Larger tensors keep oneDNN, the faster there."""
+    n = x.numel()
+    if n % 2 or n > OWN_GELU_MAX or not x.is_contiguous():
+        return F.gelu(x)
+    return F.gelu(x.view(2, n // 2).t()).t().reshape(x.shape)
+
+
+def unfused_activation(act: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``act`` for the output of a product that did not apply it (BLAS's, MKL's): exact GELU
+    by ``own_gelu``, ReLU by its function, anything else by the module."""
+    if type(act) is nn.GELU and act.approximate == "none":
+        return own_gelu
+    if type(act) is nn.ReLU:
+        return F.relu
+    return act
+
+
 @functools.cache
 def packing_works() -> bool:
     """Whether this PyTorch build has oneDNN's packed linear and it computes x W^T + b (an

@@ -53,7 +53,7 @@ from .kernels import settled_kernel
 from .kv_cache import KVCache
 from .linear import Linear, linear_then, stackable, use_packed
 from .norm import RMSNorm
-from .packing import MKLPacked, fused_activation, packed_linear
+from .packing import MKLPacked, fused_activation, packed_linear, unfused_activation
 
 
 def projection(layer: Linear, kernel: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -75,7 +75,7 @@ def first_layer(ffn: FeedForward, kernel: str | None) -> Callable[[torch.Tensor]
     post = fused_activation(act)
     if fc.packed is None or kernel in ("blas", "mkl") or (kernel == "packed" and post is None):
         first = projection(fc, kernel)
-        return functools.partial(apply, F.relu if type(act) is nn.ReLU else act, first)
+        return functools.partial(apply, unfused_activation(act), first)
     if kernel == "packed":
         return functools.partial(packed_linear, packed=fc.packed, bias=fc.bias, post=post)
     return functools.partial(linear_then, fc, act=act)
