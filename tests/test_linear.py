@@ -608,26 +608,40 @@ def test_generate_packs_for_its_run_and_a_waiting_stream_holds_nothing(make_gpt)
     assert next(stream).item() == after.item()
 
 
-@pytest.mark.parametrize("shape", [(1, 1536), (8, 1536), (3, 2, 10), (5, 7), (1, 40000)])
+@pytest.mark.parametrize("shape", [(1, 1536), (8, 1536), (3, 2, 10), (5, 7), (1, 40000), (2,),
+                                   "strided"])
 def test_own_gelu_is_x_times_phi_x(shape):
     # x Φ(x) in fp64, Φ from erf: the same values in the same places, every path of own_gelu
-    # (a transposed view, and F.gelu for odd counts and large tensors)
-    x = torch.randn(shape) * 3
+    # (a transposed view; F.gelu for odd, tiny, large and non-contiguous tensors)
+    x = torch.randn(40, 8).t() * 3 if shape == "strided" else torch.randn(shape) * 3
     phi = 0.5 * (1 + torch.erf(x.double() / 2 ** 0.5))
     y = packing_mod.own_gelu(x)
-    assert y.shape == x.shape and y.is_contiguous()
+    assert y.shape == x.shape and y.stride() == x.stride()  # in x's layout
     torch.testing.assert_close(y.double(), x.double() * phi, rtol=1e-6, atol=4e-6)
 
 
 def test_own_gelu_takes_pytorchs_own_kernel_for_a_step():
-    # the step's sizes go to PyTorch's kernel (what F.gelu computes with oneDNN turned off),
-    # a non-contiguous input keeps F.gelu, whose result is its own
+    # the step's sizes go to PyTorch's kernel: what F.gelu computes with oneDNN turned off
     x = torch.randn(8, 1536)
     with torch.backends.mkldnn.flags(enabled=False):
         own_kernel = F.gelu(x)
     assert torch.equal(packing_mod.own_gelu(x), own_kernel)
-    strided = torch.randn(1536, 8).t()
-    assert torch.equal(packing_mod.own_gelu(strided), F.gelu(strided))
+
+
+@needs_packing
+@pytest.mark.parametrize("kernel", ["blas", pytest.param("mkl", marks=pytest.mark.skipif(
+    not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))])
+def test_products_that_do_not_apply_the_gelu_are_followed_by_own_gelu(monkeypatch, kernel):
+    # the modules' path inside the scope (a prefill, a kernel trial): BLAS's and MKL's
+    # products, which cannot apply an activation, take own_gelu after them
+    monkeypatch.setattr(linear_mod, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
+    calls = []
+    monkeypatch.setattr(packing_mod, "own_gelu", lambda x: calls.append(x.shape) or F.gelu(x))
+    ffn = FeedForward(32, 64, "gelu").eval()
+    with torch.inference_mode(), linear_mod.packed_weights(ffn):
+        ffn(torch.randn(2, 3, 32))
+    assert calls == [(2, 3, 64)]
 
 
 def test_unfused_activation():
