@@ -23,7 +23,7 @@ from minitransformer.cli.flags import (
 REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],
             "embed": ["s", "--hf", "h"], "export": ["d", "--hf", "h"],
             "attention": ["d", "--text", "t", "--out", "o.png"], "evaluate": ["d"],
-            "sample": ["d"], "translate": ["d"], "explain": ["--out", "o.html"],
+            "sample": ["d"], "translate": ["d"], "fill": ["d", "t"], "explain": ["--out", "o.html"],
             "presets": [], "toy": [], "prepare": ["--data", "d", "--out", "o"],
             "serve": ["d"]}
 PARSER = build_parser()

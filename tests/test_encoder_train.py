@@ -5,11 +5,14 @@ import json
 import re
 
 import pytest
+import torch
 
 from minitransformer import load_checkpoint
 from minitransformer.cli import main
 from minitransformer.data import load_text
+from minitransformer.families.encoder import masked_ids
 from minitransformer.models import EncoderModel
+from minitransformer.viz.trace import token_labels
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,8 @@ def test_resume_and_attention(run, tmp_path, capsys):
     assert png.stat().st_size > 1000
     capsys.readouterr()
     assert main(["sample", str(run), "--prompt", "x"]) == 2
-    assert "encoder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "encoder" in err and "minitransformer fill" in err
 
 
 def test_encoder_with_bpe(tmp_path):
@@ -67,6 +71,11 @@ def test_encoder_with_bpe(tmp_path):
     assert model.config.vocab_size == tokenizer.vocab_size == 300
     assert model.config.mask_id == tokenizer.token_to_id("<mask>")
     assert model.mlm_head.transform is None
+    # a slot takes the space before it, as " be" is one token of the corpus' words
+    mask = model.config.mask_id
+    assert tokenizer.decode(tokenizer.encode(" be")) == " be"
+    assert masked_ids(tokenizer, "not to [MASK]. [MASK]", mask, 16) == \
+        tokenizer.encode("not to") + [mask] + tokenizer.encode(".") + [mask]
 
 
 def test_flags_of_other_families_are_refused(tmp_path, capsys):
@@ -74,3 +83,54 @@ def test_flags_of_other_families_are_refused(tmp_path, capsys):
                  "--label_smoothing", "0.1", "--preset", "debug"])
     assert code == 2
     assert "label_smoothing" in capsys.readouterr().err
+
+
+def reference_fill(model, tokenizer, pieces: list[str], top: int):
+    """Each slot's ``top`` (id, probability) from the model's own forward pass: the pieces
+    joined by [MASK] ids, the softmax over every id, [MASK] itself left out of the ranking."""
+    ids = []
+    for i, piece in enumerate(pieces):
+        ids += ([model.config.mask_id] if i else []) + tokenizer.encode(piece)
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([ids]))[0][0]  # (T, V)
+    probs = logits.softmax(-1)
+    probs[:, model.config.mask_id] = 0.0
+    slots = [i for i, t in enumerate(ids) if t == model.config.mask_id]
+    return [[(int(j), float(probs[i, j])) for j in probs[i].topk(top).indices] for i in slots]
+
+
+def test_fill_shows_each_slots_likeliest_characters(run, capsys):
+    model, tokenizer = load_checkpoint(run)
+    capsys.readouterr()
+    texts = ["To be, or not to b[MASK].", "[MASK]ing Ri[MASK]hard"]
+    assert main(["fill", str(run), *texts, "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == texts[0] and lines[3] == texts[1] and len(lines) == 7
+    for text, rows, filled in ((texts[0], lines[1:2], lines[2]),
+                               (texts[1], lines[4:6], lines[6])):
+        want = reference_fill(model, tokenizer, text.split("[MASK]"), 3)
+        for n, (row, slot) in enumerate(zip(rows, want, strict=True), 1):
+            shown = [c.rsplit(" ", 1) for c in row.split(f"[MASK] {n}: ")[1].split(" | ")]
+            assert [float(p.rstrip("%")) for _, p in shown] == \
+                pytest.approx([100 * p for _, p in slot], abs=0.051)
+            assert [label for label, _ in shown] == token_labels(tokenizer, [i for i, _ in slot])
+        best = iter(tokenizer.decode([slot[0][0]]) for slot in want)
+        assert filled == "-> " + re.sub(r"\[MASK\]", lambda m: next(best), text)
+
+
+def test_a_char_slot_leaves_the_space_before_it(run):
+    _, tokenizer = load_checkpoint(run)
+    assert masked_ids(tokenizer, "to [MASK]", 99, 16) == tokenizer.encode("to ") + [99]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no slot here"], "put at least one [MASK]"),
+    (["x" * 300 + "[MASK]"], "this model reads at most"),
+    (["\u00e9[MASK]"], "never saw"),
+    (["a[MASK]", "--top", "0"], "--top"),
+])
+def test_fill_refuses_what_it_cannot_fill(run, capsys, args, message):
+    capsys.readouterr()
+    assert main(["fill", str(run), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

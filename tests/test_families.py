@@ -96,7 +96,9 @@ def test_command_works_where_it_applies(runs, family, command, tmp_path):
 
 @pytest.mark.parametrize("family, command, words", [
     ("seq2seq", ["sample", "--prompt", "In"], ["sample does not apply", "translate"]),
-    ("encoder", ["sample", "--prompt", "the"], ["sample does not apply", "evaluate"]),
+    ("encoder", ["sample", "--prompt", "the"], ["sample does not apply", "fill"]),
+    ("gpt", ["fill", "the [MASK]"], ["fill does not apply", "sample", "--model encoder"]),
+    ("seq2seq", ["fill", "the [MASK]"], ["fill does not apply", "translate"]),
     ("gpt", ["translate", "hello"], ["translate does not apply", "sample"]),
     ("encoder", ["translate", "hello"], ["translate does not apply"]),
     ("encoder", ["explain", "--text", "the", "--out", "{tmp}/w.html"], ["explain", "attention"]),

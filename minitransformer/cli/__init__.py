@@ -18,6 +18,7 @@ COMMANDS = {
     "train": train.add_parser,
     "sample": generate.add_sample,
     "translate": generate.add_translate,
+    "fill": generate.add_fill,
     "evaluate": evaluate.add_parser,
     "attention": inspect.add_attention,
     "explain": inspect.add_explain,

@@ -1,9 +1,11 @@
-"""``sample`` (continue a prompt) and ``translate`` (an encoder-decoder's sentences).
+"""``sample`` (continue a prompt), ``translate`` (an encoder-decoder's sentences) and ``fill``
+(a masked-LM encoder's [MASK] slots).
 
     minitransformer sample runs/shakespeare --prompt "ROMEO:" --temperature 0.8 --top-k 50
     minitransformer sample runs/shakespeare --num-samples 8 --seed 1 --max-new-tokens 200
     minitransformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model,"
     minitransformer translate runs/en-es "In the beginning God created the heavens and the earth."
+    minitransformer fill runs/mlm "To be, or not to b[MASK]." --top 5
 """
 
 from __future__ import annotations
@@ -100,6 +102,32 @@ def add_translate(sub) -> None:
     add_which(t)
     add_device(t)
     t.set_defaults(func=cmd_translate)
+
+
+def add_fill(sub) -> None:
+    f = sub.add_parser("fill", help="fill in the [MASK] slots of a text with a masked-LM encoder",
+                       description="The likeliest tokens for each [MASK] of a text, from a "
+                                   "masked-LM encoder run (train --model encoder): all slots "
+                                   "predicted together, in one pass, as BERT is trained.")
+    f.add_argument("dir", help="run folder (or checkpoint folder)")
+    f.add_argument("text", nargs="+",
+                   help="text(s) with one or more [MASK] slots; with a char tokenizer a slot "
+                        "is one character, with BPE one token, the space before it included "
+                        "('to [MASK].' can give 'to be.')")
+    f.add_argument("--top", type=positive_int, default=5,
+                   help="tokens shown per slot, likeliest first (default 5)")
+    add_which(f)
+    add_device(f)
+    f.set_defaults(func=cmd_fill)
+
+
+def cmd_fill(args) -> int:
+    device = pick_device(args.device)
+    run = load_run(args.dir, args.which, device)
+    run.family.require("fill")
+    for line in run.family.fill(run.model, run.tokenizer, args.text, args.top):
+        print(line)
+    return 0
 
 
 def check_sampling_args(args) -> None:

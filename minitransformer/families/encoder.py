@@ -2,6 +2,7 @@
 
     train      15% of the tokens chosen, 80% [MASK] / 10% random / 10% kept; predict them
     evaluate   masked-LM val loss, masked-token accuracy, the most-frequent-token baseline
+    fill       the likeliest tokens for each [MASK] slot of a text (the playground's box too)
     train --init_from   continue masked-LM training of a BERT folder (all-MiniLM-L6-v2) or
                an encoder run; a folder without a masked-LM head gets a fresh one
 
@@ -14,17 +15,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ..config import EncoderConfig, config_from_dict
+from ..errors import UserError
 from ..io import load_weights
 from ..models import EncoderModel
 from ..presets import ENCODER as PRESETS
 from ..training import checkpoint as ckpt
 from ..training.mlm import MaskedLMTask
+from ..viz.trace import token_labels
 from ..viz.views import self_attention_views
 from .base import Built, NotApplicable, Prepared, run_meta, summary_lines
 from .streams import StreamFamily
 
 MASK_TOKENS = ("<mask>", "[MASK]")  # ours, BERT's
+MASK = "[MASK]"  # how a text to fill marks its slots, whatever the tokenizer calls the id
 
 
 class EncoderFamily(StreamFamily):
@@ -35,8 +41,9 @@ class EncoderFamily(StreamFamily):
     model_class = EncoderModel
     default_data = "shakespeare"
     special_tokens = ("<mask>",)
+    commands = frozenset({"fill"})
     redirects = {"sample": "an encoder fills in masks rather than continuing text; try: "
-                           "minitransformer evaluate DIR",
+                           "minitransformer fill DIR \"To be, or not to b[MASK].\"",
                  "translate": "an encoder has no decoder: train --model seq2seq",
                  "explain": "its attention maps: minitransformer attention DIR --text ..."}
 
@@ -111,6 +118,92 @@ class EncoderFamily(StreamFamily):
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         return self_attention_views(model, tokenizer, text, target)
+
+    def fill(self, model, tokenizer, texts: list[str], top: int) -> list[str]:
+        """``fill``'s lines: each text, each [MASK] slot's ``top`` likeliest tokens with their
+        probabilities, then the text with every slot given its likeliest token."""
+        if not fills_masks(model):
+            raise NotApplicable("this encoder has no masked-LM head (mlm_head none): it "
+                                "embeds sentences rather than filling masks")
+        lines = []
+        for text in texts:
+            result = fill_mask(model, tokenizer, text, top)
+            lines.append(text)
+            filled = list(result["ids"])
+            for n, slot in enumerate(result["slots"], 1):
+                shown = " | ".join(f"{p['token']} {p['prob']:.1%}" for p in slot["predictions"])
+                lines.append(f"  {MASK} {n}: {shown}")
+                filled[slot["position"]] = slot["predictions"][0]["id"]
+            lines.append(f"-> {tokenizer.decode(filled)}")  # decoded whole: BPE's bytes join
+        return lines
+
+
+class FillError(UserError):
+    """A text ``fill_mask`` cannot fill; ``code`` says why (the server's error code)."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
+
+
+def fills_masks(model) -> bool:
+    """A masked-LM encoder: a [MASK] id and an output head over the vocabulary."""
+    cfg = model.config
+    return getattr(cfg, "mask_id", None) is not None and getattr(cfg, "mlm_head", "none") != "none"
+
+
+def masked_ids(tokenizer, text: str, mask_id: int, block_size: int) -> list[int]:
+    """The ids of ``text``, each [MASK] in it as ``mask_id`` (the pieces between encoded one
+    by one, so that no tokenizer needs to know the marker). A subword tokenizer's words carry
+    the space before them (" be" is one token), so there a space right before a [MASK] is
+    the slot's, as RoBERTa's <mask> takes it, not a token of its own."""
+    ids = []
+    pieces = text.split(MASK)
+    for i, piece in enumerate(pieces):
+        if i:
+            ids.append(mask_id)
+        if tokenizer.kind != "char" and i < len(pieces) - 1 and piece.endswith(" "):
+            piece = piece[:-1]
+        if piece:
+            try:
+                ids.extend(tokenizer.encode(piece))
+            except (UserError, ValueError, KeyError) as e:
+                raise FillError(str(e), "unknown_characters") from None
+    if mask_id not in ids:
+        raise FillError(f"put at least one {MASK} in the text", "no_mask")
+    if len(ids) > block_size:
+        raise FillError(f"the text is {len(ids)} tokens; this model reads at most {block_size} "
+                        f"(its block_size)", "context_length_exceeded")
+    return ids
+
+
+@torch.inference_mode()
+def fill_mask(model, tokenizer, text: str, top: int) -> dict:
+    """The ``top`` likeliest tokens (and their probabilities) for each [MASK] of ``text``,
+    all slots predicted together from one forward pass (as BERT is trained):
+    {"ids": the text's ids, "texts": each position's text ([MASK] for a slot), "slots":
+    [{"position", "predictions": [{"token" (a printable label), "text", "id", "prob"}, ...]},
+    ...]}."""
+    mask_id = model.config.mask_id
+    ids = masked_ids(tokenizer, text, mask_id, model.config.block_size)
+    was_training = model.training
+    model.eval()
+    try:
+        idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+        logits, _ = model(idx)  # (1, T, V)
+    finally:
+        model.train(was_training)
+    probs = torch.softmax(logits[0].float(), dim=-1)  # (T, V)
+    probs[:, mask_id] = 0.0  # never offer [MASK] itself (the rest keep their probability)
+    slots = []
+    for pos in (i for i, t in enumerate(ids) if t == mask_id):
+        best = torch.topk(probs[pos], min(top, probs.shape[-1] - 1))
+        labels = token_labels(tokenizer, best.indices.tolist())
+        slots.append({"position": pos, "predictions": [
+            {"token": label, "text": tokenizer.decode([int(i)]), "id": int(i), "prob": float(p)}
+            for label, i, p in zip(labels, best.indices, best.values, strict=True)]})
+    texts = [MASK if t == mask_id else tokenizer.decode([t]) for t in ids]
+    return {"ids": ids, "texts": texts, "slots": slots}
 
 
 FAMILY = EncoderFamily()

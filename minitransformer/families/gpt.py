@@ -43,7 +43,9 @@ class GPTFamily(StreamFamily):
     special_tokens = GPT_SPECIALS
     bpe_separator = GPT_SPECIALS[0]  # GPT-2's <|endoftext|> between documents
     commands = frozenset({"sample", "explain", "export"})
-    redirects = {"translate": "it continues text: minitransformer sample DIR --prompt ..."}
+    redirects = {"translate": "it continues text: minitransformer sample DIR --prompt ...",
+                 "fill": "it continues text (masks are an encoder's, train --model encoder): "
+                         "minitransformer sample DIR --prompt ..."}
     can_autosize = True
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:

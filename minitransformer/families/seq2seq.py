@@ -64,6 +64,7 @@ class Seq2SeqFamily(Family):
     commands = frozenset({"translate"})
     init_changeable = Family.init_changeable | {"label_smoothing"}  # the loss, not the model
     redirects = {"sample": "it translates: minitransformer translate DIR \"a sentence\"",
+                 "fill": "it translates: minitransformer translate DIR \"a sentence\"",
                  "explain": "its attention maps: minitransformer attention DIR --text ..."}
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
                                   "split", "limit", "examples", "bleu_tokenize", "src",

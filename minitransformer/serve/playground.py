@@ -17,13 +17,14 @@ from importlib import resources
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
+from ..families.encoder import fills_masks
 from ..viz import page as walk_page
 from ..viz.fonts import cjk_font_file
 from ..viz.i18n import HTML_LANG, page_catalogues
 from ..viz.trace import token_labels
 from . import walkthrough
 from .errors import APIError
-from .probes import encode, fill_mask, fills_masks, inspect, translate
+from .probes import encode, fill_mask, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
 ASSETS = {"playground.js": "text/javascript", "playground-words.js": "text/javascript",

@@ -13,11 +13,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
+from ..families import encoder
 from ..models.generation import default_context_shift, window_start
 from ..viz.trace import token_labels
 from .errors import APIError
-
-MASK = "[MASK]"
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -95,44 +94,10 @@ def translate(run, text: str, beam: int) -> dict:
     return body
 
 
-
-
-def fills_masks(model) -> bool:
-    """A masked-LM encoder: a [MASK] id and an output head over the vocabulary."""
-    cfg = model.config
-    return getattr(cfg, "mask_id", None) is not None and getattr(cfg, "mlm_head", "none") != "none"
-
-
-def _masked_ids(tokenizer, text: str, mask_id: int, block_size: int) -> list[int]:
-    ids = []
-    for i, piece in enumerate(text.split(MASK)):
-        if i:
-            ids.append(mask_id)
-        if piece:
-            ids.extend(encode(tokenizer, piece))
-    if mask_id not in ids:
-        raise APIError(400, f"text: put at least one {MASK} in it", "text", "no_mask")
-    if len(ids) > block_size:
-        raise APIError(400, f"text is {len(ids)} tokens; this model reads at most {block_size}",
-                       "text", "context_length_exceeded")
-    return ids
-
-
-@torch.inference_mode()
 def fill_mask(model, tokenizer, text: str, top: int) -> dict:
-    """The ``top`` likeliest tokens (and their probabilities) for each [MASK] of ``text``."""
-    mask_id = model.config.mask_id
-    ids = _masked_ids(tokenizer, text, mask_id, model.config.block_size)
-    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
-    logits, _ = model(idx)  # (1, T, V)
-    probs = torch.softmax(logits[0].float(), dim=-1)  # (T, V)
-    probs[:, mask_id] = 0.0  # never offer [MASK] itself (the rest keep their probability)
-    slots = []
-    for pos in (i for i, t in enumerate(ids) if t == mask_id):
-        best = torch.topk(probs[pos], min(top, probs.shape[-1] - 1))
-        labels = token_labels(tokenizer, best.indices.tolist())
-        slots.append({"position": pos, "predictions": [
-            {"token": label, "text": tokenizer.decode([int(i)]), "id": int(i), "prob": float(p)}
-            for label, i, p in zip(labels, best.indices, best.values, strict=True)]})
-    texts = [MASK if t == mask_id else tokenizer.decode([t]) for t in ids]
-    return {"texts": texts, "slots": slots}
+    """The ``top`` likeliest tokens for each [MASK] of ``text`` (``families.encoder.fill_mask``),
+    a text it cannot fill answered as a bad request."""
+    try:
+        return encoder.fill_mask(model, tokenizer, text, top)
+    except encoder.FillError as e:
+        raise APIError(400, f"text: {e}", "text", e.code) from None
