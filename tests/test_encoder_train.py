@@ -134,3 +134,16 @@ def test_fill_refuses_what_it_cannot_fill(run, capsys, args, message):
     assert main(["fill", str(run), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_attention_reads_mask_slots_as_fill_does(run):
+    from minitransformer.families.encoder import FAMILY
+
+    model, tokenizer = load_checkpoint(run)
+    mask = model.config.mask_id
+    (view,) = FAMILY.attention_views(model, tokenizer, "To b[MASK], or")
+    ids = tokenizer.encode("To b") + [mask] + tokenizer.encode(", or")
+    assert view.key_labels[4] == view.query_labels[4] == "[MASK]" and len(view.key_labels) == 9
+    with torch.no_grad():
+        _, _, internals = model.eval()(torch.tensor([ids]), return_internals=True)
+    torch.testing.assert_close(view.weights[0], internals.attentions[0][0])

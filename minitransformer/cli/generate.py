@@ -108,7 +108,9 @@ def add_fill(sub) -> None:
     f = sub.add_parser("fill", help="fill in the [MASK] slots of a text with a masked-LM encoder",
                        description="The likeliest tokens for each [MASK] of a text, from a "
                                    "masked-LM encoder run (train --model encoder): all slots "
-                                   "predicted together, in one pass, as BERT is trained.")
+                                   "predicted together, in one pass, as BERT is trained. "
+                                   "minitransformer attention DIR --text '...[MASK]...' draws "
+                                   "the attention that fills them.")
     f.add_argument("dir", help="run folder (or checkpoint folder)")
     f.add_argument("text", nargs="+",
                    help="text(s) with one or more [MASK] slots; with a char tokenizer a slot "

@@ -117,7 +117,13 @@ class EncoderFamily(StreamFamily):
                 f"most-frequent baseline    {base:.1%}"]
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
-        return self_attention_views(model, tokenizer, text, target)
+        """Its self-attention over ``text``, whose [MASK]s (if the model has the id) are
+        slots, as ``fill`` reads them: the attention that fills them."""
+        mask_id = getattr(model.config, "mask_id", None)
+        if mask_id is None or MASK not in text:
+            return self_attention_views(model, tokenizer, text, target)
+        ids = masked_ids(tokenizer, text, mask_id, model.config.block_size)
+        return self_attention_views(model, tokenizer, text, target, ids, {mask_id: MASK})
 
     def fill(self, model, tokenizer, texts: list[str], top: int) -> list[str]:
         """``fill``'s lines: each text, each [MASK] slot's ``top`` likeliest tokens with their
