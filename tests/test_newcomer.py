@@ -74,10 +74,12 @@ def test_a_resume_inside_the_warmup_says_it_is_still_warming_up(run, capsys):
 
 def test_evaluate_lines_are_aligned(run, capsys):
     assert main(["evaluate", str(run / "r")]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, where = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["val", "perplexity", "bits/character"]
     starts = {re.search(r"\d", line).start() for line in lines}
     assert len(starts) == 1, lines
+    # then what the loss was measured on, its text in the same column
+    assert where.startswith("measured on") and where.index("the val split") == starts.pop()
 
 
 @pytest.mark.parametrize("newline, has_cr", [(None, False), ("keep", True)])

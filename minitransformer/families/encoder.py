@@ -114,7 +114,8 @@ class EncoderFamily(StreamFamily):
         acc, base = task.accuracy(model, "val", batch, iters, device, options.get("seed") or 0)
         return [f"masked-LM val loss        {loss:.4f} nats/token",
                 f"masked-token accuracy     {acc:.1%}",
-                f"most-frequent baseline    {base:.1%}"]
+                f"most-frequent baseline    {base:.1%}",
+                self.val_line(model, task, meta, options, batch, iters)]
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         """Its self-attention over ``text``, whose [MASK]s (if the model has the id) are

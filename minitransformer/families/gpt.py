@@ -71,10 +71,12 @@ class GPTFamily(StreamFamily):
                 f"{shlex.quote(corpus_prompt(prepared))}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
-        loss, task, *_ = self.val_loss(model, tokenizer, meta, options)
+        loss, task, batch, iters = self.val_loss(model, tokenizer, meta, options)
+        where = self.val_line(model, task, meta, options, batch, iters)
         if tokenizer.kind == "char":
-            return loss_lines(loss, "character")
-        return loss_lines(loss, "token", tokens_per_character(tokenizer, task.data["val"]))
+            return [*loss_lines(loss, "character"), where]
+        return [*loss_lines(loss, "token", tokens_per_character(tokenizer, task.data["val"])),
+                where]
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         return self_attention_views(model, tokenizer, text, target)

@@ -222,3 +222,13 @@ class StreamFamily(Family):
         loss = estimate_loss(model, task, "val", batch, iters, device, dtype,
                              options.get("seed") or 0)
         return loss, task, batch, iters
+
+    def val_line(self, model, task, meta: dict, options: dict, batch: int, iters: int) -> str:
+        """What the val loss was measured on, as one line: the corpus, its val split, the
+        windows (another file given with --data is split as training splits its corpus)."""
+        source, _ = data_source(meta, options)
+        names = ", ".join(Path(s).name or s for s in (source if isinstance(source, list)
+                                                       else [source]))
+        return (f"{'measured on':<16}the val split of {names} ({len(task.data['val']):,} "
+                f"tokens), {iters} x {batch} windows of {model.config.block_size}, seed "
+                f"{options.get('seed') or 0}")
