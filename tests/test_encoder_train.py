@@ -59,7 +59,7 @@ def test_resume_and_attention(run, tmp_path, capsys):
     assert "encoder" in err and "minitransformer fill" in err
 
 
-def test_encoder_with_bpe(tmp_path):
+def test_encoder_with_bpe(tmp_path, capsys):
     data = tmp_path / "c.txt"
     data.write_text(load_text("shakespeare")[:20_000], encoding="utf-8")
     out = tmp_path / "bpe"
@@ -76,6 +76,14 @@ def test_encoder_with_bpe(tmp_path):
     assert tokenizer.decode(tokenizer.encode(" be")) == " be"
     assert masked_ids(tokenizer, "not to [MASK]. [MASK]", mask, 16) == \
         tokenizer.encode("not to") + [mask] + tokenizer.encode(".") + [mask]
+    # fill end to end: the slot's token joins "to" with its own space (or none)
+    capsys.readouterr()
+    assert main(["fill", str(out), "not to <mask>.", "--top", "2"]) == 0
+    text, row, filled = capsys.readouterr().out.splitlines()
+    (slot,) = reference_fill(model, tokenizer, ["not to", "."], 2)
+    assert row.startswith("  [MASK] 1: ") and row.count("%") == 2
+    best = tokenizer.decode(tokenizer.encode("not to") + [slot[0][0]] + tokenizer.encode("."))
+    assert filled == "-> " + best.replace("\n", "\u23ce")
 
 
 def test_flags_of_other_families_are_refused(tmp_path, capsys):
@@ -118,9 +126,33 @@ def test_fill_shows_each_slots_likeliest_characters(run, capsys):
         assert filled == "-> " + re.sub(r"\[MASK\]", lambda m: next(best), text)
 
 
-def test_a_char_slot_leaves_the_space_before_it(run):
+def test_a_char_slot_leaves_the_space_before_it_and_any_spelling_is_a_slot(run):
     _, tokenizer = load_checkpoint(run)
     assert masked_ids(tokenizer, "to [MASK]", 99, 16) == tokenizer.encode("to ") + [99]
+    assert masked_ids(tokenizer, "[mask]a<mask>", 99, 16) == [99, *tokenizer.encode("a"), 99]
+
+
+def test_fill_checks_every_text_before_it_fills_one(run, capsys):
+    capsys.readouterr()
+    assert main(["fill", str(run), "To b[MASK]", "no slot"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "text 2: put at least one [MASK]" in err
+
+
+def test_mask_is_never_offered_even_where_every_other_probability_underflows():
+    from minitransformer.config import EncoderConfig
+    from minitransformer.families.encoder import fill_mask
+    from minitransformer.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.fit("abcdefgh")
+    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
+                        block_size=8, n_layer=1, n_head=2, n_embd=16)
+    model = EncoderModel(cfg)
+    with torch.no_grad():
+        model.mlm_head.bias[1:] = -1000.0  # softmax: 1 for id 0, exactly 0 for the rest
+    (slot,) = fill_mask(model, tokenizer, "ab[MASK]", top=100)["slots"]
+    ids = [p["id"] for p in slot["predictions"]]
+    assert ids[0] == 0 and sorted(ids) == list(range(tokenizer.vocab_size))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -147,3 +179,18 @@ def test_attention_reads_mask_slots_as_fill_does(run):
     with torch.no_grad():
         _, _, internals = model.eval()(torch.tensor([ids]), return_internals=True)
     torch.testing.assert_close(view.weights[0], internals.attentions[0][0])
+
+
+def test_a_filled_line_break_shows_as_the_candidates_show_it():
+    from minitransformer.config import EncoderConfig
+    from minitransformer.families.encoder import FAMILY
+    from minitransformer.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.fit("ab\n")
+    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
+                        block_size=8, n_layer=1, n_head=2, n_embd=16)
+    model = EncoderModel(cfg)
+    with torch.no_grad():
+        model.mlm_head.bias[tokenizer.encode("\n")[0]] = 100.0
+    assert FAMILY.fill(model, tokenizer, ["a[MASK]b"], 1) == \
+        ["a[MASK]b", "  [MASK] 1: \u23ce 100.0%", "-> a\u23ceb"]

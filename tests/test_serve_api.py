@@ -400,7 +400,7 @@ def test_fill_mask_answers_each_slot_and_refuses_a_text_without_one(tmp_path, ur
             want = probs[slot["position"]].topk(3)
             assert [p["id"] for p in slot["predictions"]] == want.indices.tolist()
             assert [p["prob"] for p in slot["predictions"]] == pytest.approx(want.values.tolist())
-        assert body["texts"] == ["a", "b", "[MASK]", "d", " ", "[MASK]"]
+        assert body["texts"] == ["a", "b", "[MASK]", "d", " ", "[MASK]"] and body["ids"] == ids
         status, body = post(mlm, b'{"text": "abc"}', path="api/fill-mask")
         assert status == 400 and body["error"]["code"] == "no_mask"
         assert_openai_error(body)

@@ -13,6 +13,7 @@ The tokenizer gets one id beyond the corpus' own, [MASK]: with characters it is 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -132,6 +133,11 @@ class EncoderFamily(StreamFamily):
         if not fills_masks(model):
             raise NotApplicable("this encoder has no masked-LM head (mlm_head none): it "
                                 "embeds sentences rather than filling masks")
+        for n, text in enumerate(texts, 1):  # every text checked before any is filled
+            try:
+                _slots(tokenizer, text, model.config.mask_id, model.config.block_size)
+            except FillError as e:
+                raise UserError(f"text {n}: {e}" if len(texts) > 1 else str(e)) from None
         lines = []
         for text in texts:
             result = fill_mask(model, tokenizer, text, top)
@@ -141,7 +147,8 @@ class EncoderFamily(StreamFamily):
                 shown = " | ".join(f"{p['token']} {p['prob']:.1%}" for p in slot["predictions"])
                 lines.append(f"  {MASK} {n}: {shown}")
                 filled[slot["position"]] = slot["predictions"][0]["id"]
-            lines.append(f"-> {tokenizer.decode(filled)}")  # decoded whole: BPE's bytes join
+            # decoded whole (BPE's bytes join); a line break shown as the candidates show it
+            lines.append("-> " + tokenizer.decode(filled).replace("\n", "\u23ce"))
         return lines
 
 
@@ -159,40 +166,54 @@ def fills_masks(model) -> bool:
     return getattr(cfg, "mask_id", None) is not None and getattr(cfg, "mlm_head", "none") != "none"
 
 
+# a slot as a text may write it: ours, lower case, or the <mask> of BPE runs and RoBERTa
+MARKER = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
+
+
 def masked_ids(tokenizer, text: str, mask_id: int, block_size: int) -> list[int]:
-    """The ids of ``text``, each [MASK] in it as ``mask_id`` (the pieces between encoded one
-    by one, so that no tokenizer needs to know the marker). A subword tokenizer's words carry
-    the space before them (" be" is one token), so there a space right before a [MASK] is
-    the slot's, as RoBERTa's <mask> takes it, not a token of its own."""
-    ids = []
-    pieces = text.split(MASK)
+    """The ids of ``text``, each [MASK] in it (or [mask], <mask>) as ``mask_id``."""
+    return _slots(tokenizer, text, mask_id, block_size)[0]
+
+
+def _slots(tokenizer, text: str, mask_id: int, block_size: int) -> tuple[list[int], list[bool]]:
+    """(ids, whether each slot took the space before it). The pieces between the slots are
+    encoded one by one, so that no tokenizer needs to know the marker. A subword tokenizer's
+    words carry the space before them (" be" is one token), so there a space right before a
+    slot is the slot's, as RoBERTa's <mask> takes it, not a token of its own."""
+    pieces = MARKER.split(text)
+    try:
+        tokenizer.encode("".join(pieces))  # every unseen character named at once
+    except (UserError, ValueError, KeyError) as e:
+        raise FillError(str(e), "unknown_characters") from None
+    if len(pieces) == 1:
+        raise FillError(f"put at least one {MASK} in the text", "no_mask")
+    ids, spaced = [], []
     for i, piece in enumerate(pieces):
         if i:
             ids.append(mask_id)
-        if tokenizer.kind != "char" and i < len(pieces) - 1 and piece.endswith(" "):
+        takes_space = tokenizer.kind != "char" and i < len(pieces) - 1 and piece.endswith(" ")
+        if takes_space:
             piece = piece[:-1]
+        if i < len(pieces) - 1:
+            spaced.append(takes_space)
         if piece:
-            try:
-                ids.extend(tokenizer.encode(piece))
-            except (UserError, ValueError, KeyError) as e:
-                raise FillError(str(e), "unknown_characters") from None
-    if mask_id not in ids:
-        raise FillError(f"put at least one {MASK} in the text", "no_mask")
+            ids.extend(tokenizer.encode(piece))
     if len(ids) > block_size:
         raise FillError(f"the text is {len(ids)} tokens; this model reads at most {block_size} "
                         f"(its block_size)", "context_length_exceeded")
-    return ids
+    return ids, spaced
 
 
 @torch.inference_mode()
 def fill_mask(model, tokenizer, text: str, top: int) -> dict:
     """The ``top`` likeliest tokens (and their probabilities) for each [MASK] of ``text``,
     all slots predicted together from one forward pass (as BERT is trained):
-    {"ids": the text's ids, "texts": each position's text ([MASK] for a slot), "slots":
-    [{"position", "predictions": [{"token" (a printable label), "text", "id", "prob"}, ...]},
-    ...]}."""
+    {"ids": the text's ids, "texts": each position's text ([MASK] for a slot, " [MASK]" for
+    one that took the space before it), "slots": [{"position", "predictions": [{"token" (a
+    printable label), "text", "id", "prob"}, ...]}, ...]}. The probabilities are the model's
+    softmax over its whole vocabulary; [MASK] itself is never offered."""
     mask_id = model.config.mask_id
-    ids = masked_ids(tokenizer, text, mask_id, model.config.block_size)
+    ids, spaced = _slots(tokenizer, text, mask_id, model.config.block_size)
     was_training = model.training
     model.eval()
     try:
@@ -201,15 +222,19 @@ def fill_mask(model, tokenizer, text: str, top: int) -> dict:
     finally:
         model.train(was_training)
     probs = torch.softmax(logits[0].float(), dim=-1)  # (T, V)
-    probs[:, mask_id] = 0.0  # never offer [MASK] itself (the rest keep their probability)
+    ranked = probs.clone()
+    ranked[:, mask_id] = -1.0  # below every probability, even those that underflow to 0
+    positions = [i for i, t in enumerate(ids) if t == mask_id]
     slots = []
-    for pos in (i for i, t in enumerate(ids) if t == mask_id):
-        best = torch.topk(probs[pos], min(top, probs.shape[-1] - 1))
-        labels = token_labels(tokenizer, best.indices.tolist())
+    for pos in positions:
+        best = torch.topk(ranked[pos], min(top, probs.shape[-1] - 1)).indices
+        labels = token_labels(tokenizer, best.tolist())
         slots.append({"position": pos, "predictions": [
-            {"token": label, "text": tokenizer.decode([int(i)]), "id": int(i), "prob": float(p)}
-            for label, i, p in zip(labels, best.indices, best.values, strict=True)]})
-    texts = [MASK if t == mask_id else tokenizer.decode([t]) for t in ids]
+            {"token": label, "text": tokenizer.decode([int(i)]), "id": int(i),
+             "prob": float(probs[pos, i])} for label, i in zip(labels, best, strict=True)]})
+    slot_text = dict(zip(positions, (" " + MASK if s else MASK for s in spaced), strict=True))
+    texts = [slot_text[i] if i in slot_text else tokenizer.decode([t])
+             for i, t in enumerate(ids)]
     return {"ids": ids, "texts": texts, "slots": slots}
 
 
