@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from minitransformer.cli import main
 from minitransformer.tokenizers import load_tokenizer
@@ -80,6 +81,36 @@ def test_evaluate_lines_are_aligned(run, capsys):
     assert len(starts) == 1, lines
     # then what the loss was measured on, its text in the same column
     assert where.startswith("measured on") and where.index("the val split") == starts.pop()
+
+
+def test_evaluate_scores_another_text_whole_and_the_runs_own_by_its_val_split(run, capsys):
+    """evaluate --data: a test file is scored whole, the windows drawn from all of it (the
+    trainer's function on a task whose val split is the whole text); the run's own corpus,
+    however named (a copy of it), by its val split, the figure training printed."""
+    from minitransformer import load_checkpoint
+    from minitransformer.training.evaluation import estimate_loss
+    from minitransformer.training.lm_task import LanguageModelTask
+
+    model, tokenizer = load_checkpoint(run / "r")
+    other = run / "other.txt"
+    text = "".join(f"Line {i}: the lazy dog sat.\n" for i in range(40))
+    other.write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", str(run / "r"), "--data", str(other), "--eval_iters", "3"]) == 0
+    first, *_, where = capsys.readouterr().out.splitlines()
+    ids = torch.tensor(tokenizer.encode(text))
+    assert where.startswith(f"measured on     all of other.txt ({len(ids):,} tokens), 3 x ")
+    task = LanguageModelTask(ids[:10], ids, model.config.block_size)
+    want = estimate_loss(model, task, "val", 16, 3, torch.device("cpu"), torch.float32)
+    assert float(first.split()[2]) == pytest.approx(want, abs=1e-4)
+
+    assert main(["evaluate", str(run / "r")]) == 0
+    own = capsys.readouterr().out
+    (run / "copy.txt").write_bytes((run / "own.txt").read_bytes())
+    assert main(["evaluate", str(run / "r"), "--data", str(run / "copy.txt")]) == 0
+    copy = capsys.readouterr().out
+    assert copy.splitlines()[:3] == own.splitlines()[:3]
+    assert "the val split of copy.txt" in copy and "the val split of own.txt" in own
 
 
 @pytest.mark.parametrize("newline, has_cr", [(None, False), ("keep", True)])

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from minitransformer.cli import main
-from minitransformer.data.shards import MANIFEST, TOKENS, open_shards
+from minitransformer.data.shards import MANIFEST, TOKENS, TokenStream, joined, open_shards
 from minitransformer.tokenizers import load_tokenizer
 
 ENGLISH = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind.\n" * 30
@@ -149,3 +150,18 @@ def test_a_data_dir_of_another_tokenizer_is_refused_for_resume_and_init_from(tmp
     assert main(["train", "--data", str(tmp_path / "dd"), str(text), "--out",
                  str(tmp_path / "both"), "--quiet"]) == 2
     assert "read alone" in capsys.readouterr().err
+
+
+def test_joined_streams_read_the_whole_file_without_a_copy(tmp_path):
+    ids = np.arange(1000, dtype=np.uint16)
+    ids.tofile(tmp_path / "t.bin")
+    mapped = np.memmap(tmp_path / "t.bin", dtype=np.uint16, mode="r")
+    train, val = TokenStream(mapped[:900]), TokenStream(mapped[900:])
+    whole = joined(train, val)
+    assert len(whole) == 1000 and np.shares_memory(whole.array, mapped)
+    assert whole[torch.tensor([[0, 899, 900, 999]])].tolist() == [[0, 899, 900, 999]]
+    assert whole[:3].tolist() == [0, 1, 2]
+    backwards = joined(val, train)  # not neighbours in that order: copied together
+    assert not np.shares_memory(backwards.array, mapped)
+    assert backwards.tolist() == list(range(900, 1000)) + list(range(900))
+    assert joined(torch.tensor([1, 2]), torch.tensor([3])).tolist() == [1, 2, 3]

@@ -21,9 +21,9 @@ def add_parser(sub) -> None:
     e = sub.add_parser("evaluate", help="val loss and the family's measures (BLEU for seq2seq)")
     add_run_dir(e)
     e.add_argument("--data", default=None,
-                   help="corpus, split as training splits one: the loss is measured on its "
-                        "val split, the last 10%% of a text (default: the one it was trained "
-                        "on)")
+                   help="corpus to score: another text whole (a test file), the run's own "
+                        "(even moved or copied) and a prepared folder by their val split, as "
+                        "training measured it (default: the one it was trained on)")
     e.add_argument("--encoding", default=None,
                    help="text encoding of --data (default: the run's)")
     e.add_argument("--text_field", default=None, metavar="NAME",

@@ -215,6 +215,22 @@ class TokenStream:
         return self.array.astype(np.int64).tolist()
 
 
+def joined(first, second):
+    """Two token streams as one, ``first`` then ``second`` (a corpus' train and val splits:
+    the whole text). The two splits of one memory-mapped file become one window onto it, no
+    copy; streams that are not neighbours, and tensors, are copied together."""
+    if isinstance(first, TokenStream) and isinstance(second, TokenStream):
+        a, b = first.array, second.array
+        neighbours = (a.dtype == b.dtype and a.ndim == b.ndim == 1 and a.base is not None
+                      and a.base is b.base and a.flags.c_contiguous and b.flags.c_contiguous
+                      and a.ctypes.data + a.nbytes == b.ctypes.data)
+        if neighbours:  # b's tokens follow a's in the one mapping both are views of
+            return TokenStream(np.lib.stride_tricks.as_strided(
+                a, shape=(len(a) + len(b),), strides=a.strides, writeable=False))
+        return TokenStream(np.concatenate([a, b]))
+    return torch.cat([first, second])  # tensors (a text encoded in memory)
+
+
 def open_shards(data_dir) -> tuple[dict, TokenStream, TokenStream]:
     """(manifest, train ids, val ids) of a DATA_DIR, memory-mapped."""
     folder = Path(data_dir)

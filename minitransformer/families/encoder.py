@@ -111,12 +111,11 @@ class EncoderFamily(StreamFamily):
                 f"evaluate it: minitransformer evaluate {run_dir}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
-        loss, task, batch, iters = self.val_loss(model, tokenizer, meta, options)
+        loss, task, batch, iters, where = self.val_loss(model, tokenizer, meta, options)
         acc, base = task.accuracy(model, "val", batch, iters, device, options.get("seed") or 0)
         return [f"masked-LM val loss        {loss:.4f} nats/token",
                 f"masked-token accuracy     {acc:.1%}",
-                f"most-frequent baseline    {base:.1%}",
-                self.val_line(model, task, meta, options, batch, iters)]
+                f"most-frequent baseline    {base:.1%}", where]
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         """Its self-attention over ``text``, whose [MASK]s (if the model has the id) are

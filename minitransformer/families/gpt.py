@@ -71,8 +71,7 @@ class GPTFamily(StreamFamily):
                 f"{shlex.quote(corpus_prompt(prepared))}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
-        loss, task, batch, iters = self.val_loss(model, tokenizer, meta, options)
-        where = self.val_line(model, task, meta, options, batch, iters)
+        loss, task, *_, where = self.val_loss(model, tokenizer, meta, options)
         if tokenizer.kind == "char":
             return [*loss_lines(loss, "character"), where]
         return [*loss_lines(loss, "token", tokens_per_character(tokenizer, task.data["val"])),

@@ -8,6 +8,7 @@ folder's tokenizer (``--init_from``) still encodes its text in memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ..data.cache import (
     recorded_source,
 )
 from ..data.prepare import prepare_corpus
-from ..data.shards import TOKENIZER, is_prepared, open_shards
+from ..data.shards import TOKENIZER, is_prepared, joined, open_shards
 from ..data.sources import check_text_field, source_files
 from ..errors import UserError
 from ..tokenizers import load_tokenizer
@@ -114,7 +115,7 @@ class StreamFamily(Family):
             docs = read_texts(files, encoding, mode, counted, text_field=field)
             text = self.bpe_separator.join(doc.text for doc in docs)  # as prepare joins them
             return self._encode(text, tokenizer, source, encoding, mode, sum(counted), field)
-        same = source == data.get("source")  # as recorded: checked, its cache reused
+        same = own  # as recorded (a relative path to it too): checked, its cache reused
         if same:
             check_sources(data, sources)
         cached = find_cached(data.get("cache"), tokenizer) \
@@ -200,35 +201,61 @@ class StreamFamily(Family):
         check_length(prepared.train_ids, prepared.val_ids, block_size, prepared.source)
 
     def evaluation_task(self, model, tokenizer, meta: dict, options: dict):
-        """(task, batch size, eval_iters, dtype) on the corpus the run was trained on, as the
-        trainer measured it: the same batches, the same precision."""
+        """(task, batch size, eval_iters, dtype, whole). On the corpus the run was trained on
+        (however it is named now: the same files' contents), its val split, as the trainer
+        measured it: the same batches, the same precision. On another text (evaluate --data),
+        all of it (whole = True): a test file is there to be scored, not split; a prepared
+        folder keeps the split it was prepared with."""
         source, encoding = data_source(meta, options)
         prepared = self.reopen(meta, tokenizer, source, encoding,
                                text_field=options.get("text_field"))
-        self.check_length(prepared, model.config.block_size)
+        whole = not prepared.data_meta.get("prepared") and \
+            not same_corpus(meta.get("data", {}), prepared.data_meta)
+        if whole:
+            ids = joined(prepared.train_ids, prepared.val_ids)
+            if len(ids) < model.config.block_size + 1:
+                raise UserError(f"{prepared.source} is {len(ids):,} tokens; scoring needs at "
+                                f"least block_size + 1 = {model.config.block_size + 1}")
+            prepared = dataclasses.replace(prepared, val_ids=ids)
+        else:
+            self.check_length(prepared, model.config.block_size)
         cfg = train_config(meta)
         task = self.make_task(prepared, model.config)
         device = next(model.parameters()).device
         return (task, options.get("batch_size") or cfg.batch_size,
-                options.get("eval_iters") or cfg.eval_iters, pick_dtype(cfg.dtype, device))
+                options.get("eval_iters") or cfg.eval_iters, pick_dtype(cfg.dtype, device),
+                whole)
 
     def make_task(self, prepared: Prepared, config):
         raise NotImplementedError
 
     def val_loss(self, model, tokenizer, meta: dict, options: dict):
-        """(val loss, task, batch, iters): the trainer's measure, through its own function."""
-        task, batch, iters, dtype = self.evaluation_task(model, tokenizer, meta, options)
+        """(loss, task, batch, iters, where): the trainer's measure, through its own function,
+        and what it
+        was measured on, as one line for ``evaluate`` (the corpus, the split or the whole
+        text, the windows)."""
+        task, batch, iters, dtype, whole = self.evaluation_task(model, tokenizer, meta,
+                                                                options)
         device = next(model.parameters()).device
-        loss = estimate_loss(model, task, "val", batch, iters, device, dtype,
-                             options.get("seed") or 0)
-        return loss, task, batch, iters
-
-    def val_line(self, model, task, meta: dict, options: dict, batch: int, iters: int) -> str:
-        """What the val loss was measured on, as one line: the corpus, its val split, the
-        windows (another file given with --data is split as training splits its corpus)."""
+        seed = options.get("seed") or 0
+        loss = estimate_loss(model, task, "val", batch, iters, device, dtype, seed)
         source, _ = data_source(meta, options)
         names = ", ".join(Path(s).name or s for s in (source if isinstance(source, list)
                                                        else [source]))
-        return (f"{'measured on':<16}the val split of {names} ({len(task.data['val']):,} "
-                f"tokens), {iters} x {batch} windows of {model.config.block_size}, seed "
-                f"{options.get('seed') or 0}")
+        scope = "all of" if whole else "the val split of"
+        where = (f"{'measured on':<16}{scope} {names} ({len(task.data['val']):,} tokens), "
+                 f"{iters} x {batch} windows of {model.config.block_size}, seed {seed}")
+        return loss, task, batch, iters, where
+
+
+def same_corpus(recorded: dict, data_meta: dict) -> bool:
+    """Whether ``data_meta`` (a corpus read now) is the text a run recorded it was trained on:
+    the same source, or files of the same contents (a corpus moved since), read from the
+    same field."""
+    if data_meta.get("text_field", "text") != recorded.get("text_field", "text"):
+        return False
+    if data_meta.get("source") == recorded.get("source"):
+        return True
+    mine = [f.get("sha256") for f in recorded.get("sources", [])]
+    return bool(mine) and None not in mine and \
+        mine == [f.get("sha256") for f in data_meta.get("sources", [])]
