@@ -92,7 +92,7 @@ def test_train_bpe_from_the_cli_then_sample(tmp_path, corpus, capsys):
     assert main(["evaluate", str(out)]) == 0
     rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     per_token = float(rows["bits/token"])
-    per_char, ratio = re.fullmatch(r"(\S+) \((\S+) tokens per character of the val text\)",
+    per_char, ratio = re.fullmatch(r"(\S+) \((\S+) tokens per character of the text scored\)",
                                    rows["bits/character"]).groups()
     tail = corpus[-1500:]  # within the val split, the last 10% of the tokens (Chinese)
     expected = len(tokenizer_from_dict(saved).encode(tail)) / len(tail)

@@ -91,6 +91,12 @@ def test_evaluate_scores_another_text_whole_and_the_runs_own_by_its_val_split(ru
     from minitransformer.training.evaluation import estimate_loss
     from minitransformer.training.lm_task import LanguageModelTask
 
+    root = run / "scored"
+    root.mkdir()
+    (root / "own.txt").write_bytes((run / "own.txt").read_bytes())
+    assert main(["train", "--data", str(root / "own.txt"), "--out", str(root / "r"),
+                 *DEBUG]) == 0
+    run = root
     model, tokenizer = load_checkpoint(run / "r")
     other = run / "other.txt"
     text = "".join(f"Line {i}: the lazy dog sat.\n" for i in range(40))

@@ -85,13 +85,20 @@ def test_training_on_prepared_shards_equals_training_on_the_file(tmp_path, capsy
     assert "val loss" in capsys.readouterr().out
 
 
-def test_an_encoder_trains_on_shards(tmp_path):
+def test_an_encoder_trains_on_shards(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(ENGLISH * 3, encoding="utf-8")
     assert main(["prepare", "--model", "encoder", "--data", str(text), "--out",
                  str(tmp_path / "dd")]) == 0
     assert main(["train", "--model", "encoder", "--data", str(tmp_path / "dd"), "--out",
                  str(tmp_path / "run"), *DEBUG]) == 0
+    # scored on the folder's own val split; the text it was prepared from is another text,
+    # scored whole (its own 90/10 split would not be the folder's)
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    assert "the val split of dd" in capsys.readouterr().out.splitlines()[-1]
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(text)]) == 0
+    assert "all of t.txt" in capsys.readouterr().out.splitlines()[-1]
 
 
 @pytest.mark.parametrize("content, words", [
@@ -165,3 +172,9 @@ def test_joined_streams_read_the_whole_file_without_a_copy(tmp_path):
     assert not np.shares_memory(backwards.array, mapped)
     assert backwards.tolist() == list(range(900, 1000)) + list(range(900))
     assert joined(torch.tensor([1, 2]), torch.tensor([3])).tolist() == [1, 2, 3]
+    # one token is "contiguous" whatever its stride: views that step are copied, never read
+    # past as if they were a run of neighbours
+    stepped = joined(TokenStream(mapped[9:20:50]), TokenStream(mapped[10:]))
+    assert stepped.tolist() == list(range(9, 1000))
+    backwards = joined(TokenStream(mapped[5:6][::-1]), TokenStream(mapped[6:]))
+    assert backwards.tolist() == list(range(5, 1000))

@@ -21,9 +21,10 @@ def add_parser(sub) -> None:
     e = sub.add_parser("evaluate", help="val loss and the family's measures (BLEU for seq2seq)")
     add_run_dir(e)
     e.add_argument("--data", default=None,
-                   help="corpus to score: another text whole (a test file), the run's own "
-                        "(even moved or copied) and a prepared folder by their val split, as "
-                        "training measured it (default: the one it was trained on)")
+                   help="corpus to score (default: the one it was trained on); GPT and "
+                        "encoder runs score another text whole (a test file), their own (even "
+                        "moved or copied) and a prepared folder by its val split, as training "
+                        "measured it")
     e.add_argument("--encoding", default=None,
                    help="text encoding of --data (default: the run's)")
     e.add_argument("--text_field", default=None, metavar="NAME",

@@ -221,8 +221,9 @@ def joined(first, second):
     copy; streams that are not neighbours, and tensors, are copied together."""
     if isinstance(first, TokenStream) and isinstance(second, TokenStream):
         a, b = first.array, second.array
-        neighbours = (a.dtype == b.dtype and a.ndim == b.ndim == 1 and a.base is not None
-                      and a.base is b.base and a.flags.c_contiguous and b.flags.c_contiguous
+        step = (a.itemsize,)  # each a run of neighbouring tokens, read forwards
+        neighbours = (a.dtype == b.dtype and a.strides == b.strides == step
+                      and a.base is not None and a.base is b.base
                       and a.ctypes.data + a.nbytes == b.ctypes.data)
         if neighbours:  # b's tokens follow a's in the one mapping both are views of
             return TokenStream(np.lib.stride_tricks.as_strided(

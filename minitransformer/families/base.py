@@ -290,7 +290,7 @@ def loss_lines(loss: float, per: str, tokens_per_char: float | None = None) -> l
     if tokens_per_char is not None:
         rows.append(("bits/character", f"{loss * tokens_per_char / math.log(2):.4f} "
                                        f"({tokens_per_char:.3f} tokens per character of the "
-                                       f"val text)"))
+                                       f"text scored)"))
     return [f"{name:<16}{value}" for name, value in rows]
 
 

@@ -209,8 +209,10 @@ class StreamFamily(Family):
         source, encoding = data_source(meta, options)
         prepared = self.reopen(meta, tokenizer, source, encoding,
                                text_field=options.get("text_field"))
-        whole = not prepared.data_meta.get("prepared") and \
-            not same_corpus(meta.get("data", {}), prepared.data_meta)
+        recorded = meta.get("data", {})
+        own_name = recorded_source(as_sources(source)) == recorded.get("source")
+        whole = not prepared.data_meta.get("prepared") and not own_name and \
+            not same_corpus(recorded, prepared.data_meta)
         if whole:
             ids = joined(prepared.train_ids, prepared.val_ids)
             if len(ids) < model.config.block_size + 1:
@@ -251,11 +253,14 @@ class StreamFamily(Family):
 def same_corpus(recorded: dict, data_meta: dict) -> bool:
     """Whether ``data_meta`` (a corpus read now) is the text a run recorded it was trained on:
     the same source, or files of the same contents (a corpus moved since), read from the
-    same field."""
+    same field. A run trained on a prepared folder was split by it: only the folder is its
+    own (the text it was prepared from, split 90/10 here, would mix its splits)."""
     if data_meta.get("text_field", "text") != recorded.get("text_field", "text"):
         return False
     if data_meta.get("source") == recorded.get("source"):
         return True
+    if recorded.get("prepared"):
+        return False
     mine = [f.get("sha256") for f in recorded.get("sources", [])]
     return bool(mine) and None not in mine and \
         mine == [f.get("sha256") for f in data_meta.get("sources", [])]
