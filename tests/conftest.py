@@ -65,6 +65,37 @@ def make_gpt():
 
 
 @pytest.fixture(scope="session")
+def make_encoder():
+    """Build an untrained masked-LM encoder on characters ([MASK] = one id past them), 1 layer
+    x 16 wide: (model, tokenizer). ``scale`` redraws every weight ~ N(0, scale); ``folder``
+    writes it there as a run folder."""
+    import dataclasses
+
+    from minitransformer.config import EncoderConfig
+    from minitransformer.models import EncoderModel
+    from minitransformer.tokenizers import CharTokenizer
+    from minitransformer.training.checkpoint import write_model_files
+
+    def build(chars: str, block_size: int = 8, scale: float | None = None, folder=None):
+        tokenizer = CharTokenizer.fit(chars)
+        torch.manual_seed(0)
+        cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
+                            block_size=block_size, n_layer=1, n_head=2, n_embd=16)
+        model = EncoderModel(cfg)
+        if scale is not None:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.normal_(0.0, scale)
+        if folder is not None:
+            meta = {"format": "minitransformer", "version": 1, "family": "encoder",
+                    "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+            write_model_files(folder, model, meta, tokenizer)
+        return model.eval(), tokenizer
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def tiny_text() -> str:
     return TINY_TEXT
 

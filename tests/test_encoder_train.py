@@ -139,15 +139,10 @@ def test_fill_checks_every_text_before_it_fills_one(run, capsys):
     assert out == "" and "text 2: put at least one [MASK]" in err
 
 
-def test_mask_is_never_offered_even_where_every_other_probability_underflows():
-    from minitransformer.config import EncoderConfig
+def test_mask_is_never_offered_even_where_every_other_probability_underflows(make_encoder):
     from minitransformer.families.encoder import fill_mask
-    from minitransformer.tokenizers import CharTokenizer
 
-    tokenizer = CharTokenizer.fit("abcdefgh")
-    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
-                        block_size=8, n_layer=1, n_head=2, n_embd=16)
-    model = EncoderModel(cfg)
+    model, tokenizer = make_encoder("abcdefgh")
     with torch.no_grad():
         model.mlm_head.bias[1:] = -1000.0  # softmax: 1 for id 0, exactly 0 for the rest
     (slot,) = fill_mask(model, tokenizer, "ab[MASK]", top=100)["slots"]
@@ -181,15 +176,10 @@ def test_attention_reads_mask_slots_as_fill_does(run):
     torch.testing.assert_close(view.weights[0], internals.attentions[0][0])
 
 
-def test_a_filled_line_break_shows_as_the_candidates_show_it():
-    from minitransformer.config import EncoderConfig
+def test_a_filled_line_break_shows_as_the_candidates_show_it(make_encoder):
     from minitransformer.families.encoder import FAMILY
-    from minitransformer.tokenizers import CharTokenizer
 
-    tokenizer = CharTokenizer.fit("ab\n")
-    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
-                        block_size=8, n_layer=1, n_head=2, n_embd=16)
-    model = EncoderModel(cfg)
+    model, tokenizer = make_encoder("ab\n")
     with torch.no_grad():
         model.mlm_head.bias[tokenizer.encode("\n")[0]] = 100.0
     assert FAMILY.fill(model, tokenizer, ["a[MASK]b"], 1) == \

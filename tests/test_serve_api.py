@@ -365,28 +365,13 @@ def test_the_neutral_values_of_unsupported_options_are_accepted(url):
     assert len(answer["choices"]) == 1
 
 
-def test_fill_mask_answers_each_slot_and_refuses_a_text_without_one(tmp_path, url):
+def test_fill_mask_answers_each_slot_and_refuses_a_text_without_one(tmp_path, url,
+                                                                   make_encoder):
     """A masked-LM encoder's server: each [MASK]'s likeliest tokens with the probabilities
     the model's softmax gives them ([MASK] itself never offered); a text without a slot is a
     bad request and the server keeps serving; a GPT's server fills nothing."""
-    import dataclasses
-
-    from minitransformer.config import EncoderConfig
-    from minitransformer.models import EncoderModel
-    from minitransformer.tokenizers import CharTokenizer
-    from minitransformer.training.checkpoint import write_model_files
-
-    tokenizer = CharTokenizer.fit("abcdefgh ")
-    torch.manual_seed(0)
-    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
-                        block_size=16, n_layer=1, n_head=2, n_embd=16)
-    model = EncoderModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    meta = {"format": "minitransformer", "version": 1, "family": "encoder",
-            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
-    write_model_files(tmp_path / "mlm", model, meta, tokenizer)
+    model, tokenizer = make_encoder("abcdefgh ", 16, scale=0.5, folder=tmp_path / "mlm")
+    cfg = model.config
     with running(create_app(load_run(tmp_path / "mlm"), Settings(model_id="mlm"))) as mlm:
         status, body = post(mlm, b'{"text": "ab[MASK]d [MASK]", "top": 3}', path="api/fill-mask")
         assert status == 200

@@ -309,23 +309,10 @@ def test_the_translate_view_shows_the_translation_and_its_alignment(browser, ser
 
 
 @pytest.fixture(scope="module")
-def served_encoder(tmp_path_factory):
+def served_encoder(tmp_path_factory, make_encoder):
     """An untrained masked-LM encoder on characters ([MASK] = one id past them)."""
-    from minitransformer.config import EncoderConfig
-    from minitransformer.models import EncoderModel
-
     folder = tmp_path_factory.mktemp("play") / "mlm"
-    tokenizer = CharTokenizer.fit("abcdefgh <>")
-    torch.manual_seed(0)
-    cfg = EncoderConfig(vocab_size=tokenizer.vocab_size + 1, mask_id=tokenizer.vocab_size,
-                        block_size=32, n_layer=1, n_head=2, n_embd=16)
-    model = EncoderModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    meta = {"format": "minitransformer", "version": 1, "family": "encoder",
-            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
-    write_model_files(folder, model, meta, tokenizer)
+    make_encoder("abcdefgh <>", 32, scale=0.5, folder=folder)
     run = load_run(folder)
     with running(create_app(run, Settings(model_id="mlm"))) as url:
         yield url, run
