@@ -178,8 +178,8 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, m
     lines = ENGLISH.replace("\r\n", "\n").splitlines()
     docs = ["\n".join(lines[i:i + 8]) for i in range(0, len(lines), 8)]
     body, text = tmp_path / "body.jsonl", tmp_path / "text.jsonl"
-    body.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)),
-                    encoding="utf-8")
+    body.write_text("".join(json.dumps({"id": i, "body": d, "rev": d[::-1]}) + "\n"
+                            for i, d in enumerate(docs)), encoding="utf-8")
     text.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     run = tmp_path / "run"
     assert main(["train", "--data", str(body), "--text_field", "body", "--out", str(run),
@@ -205,6 +205,8 @@ def test_text_field_reads_another_field_and_the_run_keeps_it(tmp_path, capsys, m
     assert "all of text.jsonl" in capsys.readouterr().out  # the same text, another file: whole
     assert main(["evaluate", str(run), "--data", str(body), "--text_field", "id"]) == 2
     assert "holds int, not text" in capsys.readouterr().err  # not the run's cached "body"
+    assert main(["evaluate", str(run), "--data", str(body), "--text_field", "rev"]) == 0
+    assert "all of body.jsonl" in capsys.readouterr().out  # its own file, another text
     monkeypatch.chdir(tmp_path)  # the run's own file named relatively: still its own field
     assert main(["evaluate", str(run), "--data", body.name]) == 0
     assert capsys.readouterr().out == own

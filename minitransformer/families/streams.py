@@ -210,7 +210,9 @@ class StreamFamily(Family):
         prepared = self.reopen(meta, tokenizer, source, encoding,
                                text_field=options.get("text_field"))
         recorded = meta.get("data", {})
-        own_name = recorded_source(as_sources(source)) == recorded.get("source")
+        field = options.get("text_field")
+        own_name = recorded_source(as_sources(source)) == recorded.get("source") and \
+            field in (None, recorded.get("text_field", "text"))
         whole = not prepared.data_meta.get("prepared") and not own_name and \
             not same_corpus(recorded, prepared.data_meta)
         if whole:
@@ -233,9 +235,8 @@ class StreamFamily(Family):
 
     def val_loss(self, model, tokenizer, meta: dict, options: dict):
         """(loss, task, batch, iters, where): the trainer's measure, through its own function,
-        and what it
-        was measured on, as one line for ``evaluate`` (the corpus, the split or the whole
-        text, the windows)."""
+        and what it was measured on, as one line for ``evaluate`` (the corpus, the split or
+        the whole text, the windows)."""
         task, batch, iters, dtype, whole = self.evaluation_task(model, tokenizer, meta,
                                                                 options)
         device = next(model.parameters()).device
