@@ -114,9 +114,8 @@ def add_fill(sub) -> None:
     f.add_argument("dir", help="run folder (or checkpoint folder)")
     f.add_argument("text", nargs="+",
                    help="text(s) with one or more [MASK] slots ([mask] and <mask> work "
-                        "too); with a char tokenizer a slot "
-                        "is one character, with BPE one token, the space before it included "
-                        "('to [MASK].' can give 'to be.')")
+                        "too); with a char tokenizer a slot is one character, with BPE one "
+                        "token, the space before it included ('to [MASK].' can give 'to be.')")
     f.add_argument("--top", type=positive_int, default=5,
                    help="tokens shown per slot, likeliest first (default 5)")
     add_which(f)
