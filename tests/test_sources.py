@@ -122,3 +122,61 @@ def test_bad_dataset_folders_say_what_is_wrong(shapes, tmp_path, capsys):
                                               encoding="utf-8")
     err = _prepare_fails(splits, capsys, tmp_path)
     assert "test, validation" in err and "no train split" in err and "splits/test" in err
+
+
+def test_a_dictionary_encoded_text_column_reads_as_its_text(tmp_path):
+    """pandas' category columns (and many writers) store text dictionary-encoded."""
+    texts = ["the cat sat\n", "on the mat\n", "the cat sat\n"] * 20
+    plain, coded = tmp_path / "plain.parquet", tmp_path / "coded.parquet"
+    pq.write_table(pa.table({"text": texts}), plain)
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), coded)
+    assert pq.read_schema(coded).field("text").type.value_type == pa.string()
+    for source in (plain, coded):
+        assert main(["prepare", "--data", str(source), "--out", str(tmp_path / source.stem),
+                     "--val_fraction", "0.2"]) == 0
+    assert (tmp_path / "plain" / TOKENS).read_bytes() == (tmp_path / "coded" / TOKENS).read_bytes()
+
+
+def test_a_folder_skips_hidden_files_and_the_runs_and_prepared_data_inside_it(tmp_path):
+    """``--data .`` from a notes folder that holds runs, a prepared folder, .git: only the
+    text is read, the same files before and after a run is trained into it."""
+    from minitransformer.data.sources import source_files
+
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "a.txt").write_text("first notes\n" * 50, encoding="utf-8")
+    (notes / "sub" / "b.txt").write_text("second notes\n" * 50, encoding="utf-8")
+    (notes / ".hidden.txt").write_text("not read\n", encoding="utf-8")
+    (notes / ".git" / "objects").mkdir(parents=True)
+    (notes / ".git" / "objects" / "ab").write_bytes(b"\x00\x01binary")
+    saved = notes / "exported"  # a saved model: config.json beside model.safetensors
+    saved.mkdir()
+    (saved / "config.json").write_text("{}", encoding="utf-8")
+    (saved / "model.safetensors").write_bytes(b"\x00" * 8)
+    (notes / "code").mkdir()  # a config.json alone is text like any other
+    (notes / "code" / "config.json").write_text('{\n  "a": 1\n}\n', encoding="utf-8")
+    texts = [notes / "a.txt", notes / "code" / "config.json", notes / "sub" / "b.txt"]
+    assert source_files([str(notes)]) == texts
+    run = ["train", "--data", str(notes), "--out", str(notes / "runs" / "mine"), "--preset",
+           "debug", "--max_iters", "2", "--eval_interval", "1", "--eval_iters", "1",
+           "--quiet", "--time_budget", "none", "--sample_tokens", "0"]
+    assert main(run) == 0
+    assert main(["prepare", "--data", str(notes / "a.txt"), "--out",
+                 str(notes / "sub" / "prepared")]) == 0
+    assert source_files([str(notes)]) == texts  # neither the run nor the prepared folder
+    assert main(["evaluate", str(notes / "runs" / "mine"), "--eval_iters", "1"]) == 0
+    assert main(["train", "--out", str(notes / "runs" / "mine"), "--resume", "--max_iters", "3",
+                 "--quiet", "--time_budget", "none", "--sample_tokens", "0"]) == 0
+
+
+def test_a_file_gone_between_listing_and_reading_is_a_user_error(tmp_path):
+    """A folder that changes while it is read (a temporary file, a rotated log)."""
+    from minitransformer.data.sources import fingerprint, source_files
+    from minitransformer.errors import UserError
+
+    (tmp_path / "a.txt").write_text("kept\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("gone\n", encoding="utf-8")
+    files = source_files([str(tmp_path)])
+    (tmp_path / "b.txt").unlink()
+    with pytest.raises(UserError, match="cannot read .*b.txt: No such file"):
+        fingerprint(files)

@@ -1,6 +1,7 @@
 """Where prepared text comes from: the files ``--data`` names, each read as documents.
 
-    bundled names, files, folders (every file under them, sorted), globs, and folders written
+    bundled names, files, folders (every file under them, sorted, but hidden files and the
+    model, run and prepared folders inside them: ``folder_files``), globs, and folders written
     by ``datasets``' ``save_to_disk`` (their Arrow files, in row order)
     a text file is one document; JSON Lines one per line (its text field): ``.jsonl`` and
     ``.ndjson`` files, and a ``.json`` file whose first line is a whole JSON object (what
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,7 @@ def source_files(sources: list[str]) -> list[Path]:
         if is_dataset_folder(path):
             files += dataset_files(path)
         elif path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            found = folder_files(path)
             if not found:
                 raise UserError(f"{source} is an empty folder: no files to read")
             files += found
@@ -59,6 +61,29 @@ def source_files(sources: list[str]) -> list[Path]:
         else:
             files.append(corpus_path(source))  # a missing file is a UserError there
     return files
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The files under ``folder``, sorted by path: not hidden ones (a name starting with "."
+    at any depth: ``.git/``, ``.cache/``), and nothing under a folder that holds a model or
+    prepared data (``is_model_folder``), such as a run trained with ``--out`` inside the
+    folder it read: its checkpoints are not text, and its files would change what the folder
+    holds from one run to the next."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        here = Path(root)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not is_model_folder(here / d)]
+        found += [here / n for n in names if not n.startswith(".") and (here / n).is_file()]
+    return sorted(found)
+
+
+def is_model_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a training run (``checkpoints/step_*``), a saved model
+    (``config.json`` beside ``model.safetensors``) or ``prepare``'s output (``manifest.json``
+    beside ``tokens.bin``)."""
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
+        or (folder / "manifest.json").is_file() and (folder / "tokens.bin").is_file() \
+        or any((folder / "checkpoints").glob("step_*"))
 
 
 JSON_LINES = (".jsonl", ".ndjson")  # JSON Lines by name; a .json file by its first line
@@ -155,9 +180,12 @@ def fingerprint(files: list[Path]) -> list[dict]:
     out = []
     for path in files:
         digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        out.append({"path": str(path.resolve()), "bytes": path.stat().st_size,
-                    "sha256": digest.hexdigest()})
+        try:  # a folder's file may go between its listing and here (a log, a temporary file)
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            size = path.stat().st_size
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror}") from None
+        out.append({"path": str(path.resolve()), "bytes": size, "sha256": digest.hexdigest()})
     return out

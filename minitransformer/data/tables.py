@@ -67,6 +67,8 @@ def _check_column(path: Path, schema, field: str) -> None:
                         f"{', '.join(schema.names) or 'none'} (--text_field NAME reads "
                         f"another)")
     kind = schema.field(field).type
+    if pa.types.is_dictionary(kind):  # dictionary-encoded text (pandas' category): its values
+        kind = kind.value_type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
             or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
         raise UserError(f"{path}: column {field!r} holds {kind}, not text "
