@@ -192,6 +192,35 @@ def test_prepare_never_writes_into_a_training_run(tmp_path, tiny_corpus, capsys,
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("held", ["tokenizer.json", "tokens.bin", "notes.txt"])
+def test_prepare_never_writes_into_a_folder_of_other_files(tmp_path, tiny_corpus, capsys,
+                                                            held):
+    """A user's own tokenizer.json, a stray tokens.bin, the text folder itself: a folder
+    with files but no prepared data is not prepare's to fill, --force or not; a folder that
+    holds only a stopped prepare's files is."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / held).write_text("the user's own\n", encoding="utf-8")
+    for force in ([], ["--force"]):
+        assert main(["prepare", "--data", str(tiny_corpus), "--out", str(out), *force]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "not prepared data" in err, err
+    assert [p.name for p in out.iterdir()] == [held]
+    assert (out / held).read_text(encoding="utf-8") == "the user's own\n"
+    assert main(["prepare", "--data", str(out), "--out", str(out)]) == 2  # its own source
+    stopped = tmp_path / "stopped"
+    (stopped / ".partial").mkdir(parents=True)
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(stopped)]) == 0
+
+
+def test_bpe_flags_on_a_char_prepare_are_refused(tmp_path, tiny_corpus, capsys):
+    for flag in (["--vocab_size", "300"], ["--bpe_sample", "4"]):
+        assert main(["prepare", "--data", str(tiny_corpus), "--out", str(tmp_path / "d"),
+                     *flag]) == 2
+        assert f"{flag[0]} is for a BPE tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 def test_prepared_data_is_never_written_over_by_train_or_export(tmp_path, tiny_corpus,
                                                                 capsys):
     data = tmp_path / "data"

@@ -190,17 +190,17 @@ def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
                              f"else mps, else cpu")
 
 
-def add_tokenizer_flag(parser: argparse.ArgumentParser) -> None:
-    """--tokenizer, as train, compare and prepare take it."""
+def add_tokenizer_flag(parser: argparse.ArgumentParser, seq2seq: bool = True) -> None:
+    """--tokenizer, as train, compare and prepare take it (prepare: no seq2seq)."""
     from ..tokenizers import TOKENIZERS
 
+    pairs = "; seq2seq always uses a joint BPE" if seq2seq else ""
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                         help="char: one id per character; bpe-bytes: GPT-2's byte-level BPE; "
                              "bpe-chars: BPE from whole characters, the rarest spelt in "
                              "bytes (for Chinese); bpe: bpe-chars for a mostly-CJK corpus and "
                              "--vocab_size >= 1500, else bpe-bytes; BPE learns --vocab_size "
-                             "entries (default 1024); seq2seq always uses a joint BPE "
-                             "(default char)")
+                             f"entries (default 1024){pairs} (default char)")
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.cache import clear_cache
-from ..data.shards import MANIFEST
+from ..data.shards import MANIFEST, PARTIAL
 from ..errors import UserError
 from ..families import FAMILIES, get_family
 from ..training.checkpoint import holds_run, run_containing
@@ -31,11 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="gpt", choices=[n for n, f in FAMILIES.items()
                                                       if "char" in f.tokenizers],
                    help="the family that will train on it (its special tokens; default gpt)")
-    add_tokenizer_flag(p)
+    add_tokenizer_flag(p, seq2seq=False)
     p.add_argument("--vocab_size", type=positive_int, default=None,
                    help="BPE vocabulary size (default 1024)")
     p.add_argument("--text_field", default="text",
-                   help="the field of each JSONL record that holds its text (default text)")
+                   help="the field of each JSONL record, or the column of a Parquet file or "
+                        "datasets folder, that holds its text (default text)")
     p.add_argument("--val_fraction", type=float, default=0.1,
                    help="the share of tokens at the end that is the val split (default 0.1)")
     p.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
@@ -74,11 +75,17 @@ def cmd_prepare(args) -> int:
                         f"prepare a folder of its own (--force does not change this)")
     if (out / MANIFEST).exists() and not args.force:
         raise UserError(f"{out} already holds prepared data; pass --force to replace it")
+    if out.is_dir() and not (out / MANIFEST).exists() and \
+            any(p.name != PARTIAL for p in out.iterdir()):  # PARTIAL: a stopped prepare's
+        raise UserError(f"--out {out} already holds files that are not prepared data, which "
+                        f"prepare could replace; give it a new or empty folder (--force does "
+                        f"not change this)")
     family = get_family(args.model)
     if args.tokenizer is not None and args.tokenizer not in family.tokenizers:
         raise UserError(f"--tokenizer {args.tokenizer} does not apply to {family.title} runs")
-    if args.vocab_size is not None and args.tokenizer in (None, "char"):
-        raise UserError("--vocab_size sets a BPE vocabulary; add --tokenizer bpe")
+    for flag, value in (("--vocab_size", args.vocab_size), ("--bpe_sample", args.bpe_sample)):
+        if value is not None and args.tokenizer in (None, "char"):
+            raise UserError(f"{flag} is for a BPE tokenizer; add --tokenizer bpe")
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
