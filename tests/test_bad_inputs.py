@@ -92,6 +92,9 @@ BAD_FLAGS = {
     "not a number": (["--n_layer", "two"], ["invalid"]),
     "cuda without cuda": (["--device", "cuda"], ["cuda"]),
     "bad duration": (["--time_budget", "soon"], ["duration"]),
+    "a decay that rises": (["--learning_rate", "1e-3", "--min_lr", "1e-2"],
+                           ["min_lr 0.01 is above learning_rate 0.001"]),
+    "a BPE size for characters": (["--vocab_size", "500"], ["--vocab_size", "--tokenizer bpe"]),
 }
 
 
@@ -114,6 +117,20 @@ def test_output_folder_with_another_run_is_refused_unless_resume_or_force(run_di
     check_user_error(capsys, ["train", "--data", "shakespeare", "--out", copy, *TINY],
                      "--resume", "--force")
     assert (copy / "model.safetensors").read_bytes() == before
+
+
+def test_a_run_inside_another_run_or_over_its_own_start_is_refused(run_dir, tmp_path, capsys):
+    """--out in a run's checkpoints/ would nest a run among its checkpoints; --out equal to
+    --init_from would write over the model the run starts from, --force or not."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    for out in (copy / "checkpoints", copy / "checkpoints" / "new"):
+        check_user_error(capsys, ["train", "--data", "shakespeare", "--out", out, *TINY],
+                         "lies inside the run")
+    check_user_error(capsys, ["train", "--init_from", copy, "--data", "shakespeare", "--out",
+                              copy, "--force", *TINY], "is the --init_from folder")
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
 
 def test_unknown_prompt_characters_are_named(run_dir, capsys):
@@ -172,6 +189,20 @@ def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, caps
     capsys.readouterr()
     check_user_error(capsys, ["sample", newest, "--prompt", "he", "--which", "last"],
                      "no checkpoints/", "drop --which")
+
+
+def test_a_damaged_newest_checkpoint_names_the_one_to_go_back_to(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    *older, newest = sorted((copy / "checkpoints").iterdir())
+    state = newest / "trainer_state.safetensors"
+    state.write_bytes(state.read_bytes()[:500])
+    resume = ["train", "--out", copy, "--resume", "--max_iters", "6", "--quiet",
+              "--time_budget", "none"]
+    check_user_error(capsys, resume, f"cannot read the training state in {newest}",
+                     f"remove that folder to go back to {older[-1].name}")
+    shutil.rmtree(newest)  # as the message says: the run resumes from the one before
+    assert main([str(a) for a in resume]) == 0
 
 
 def test_resume_and_force_together_are_refused(run_dir, tmp_path, capsys):

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..config import TrainConfig, config_from_dict, field_names
+from ..data.shards import is_prepared
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
@@ -85,6 +86,18 @@ def _check_prepared_vocabulary(prepared, given: int | None) -> None:
                         f"or prepare the text again with it")
 
 
+def _check_char_vocabulary(family: Family, req) -> None:
+    """--vocab_size is the size of a BPE vocabulary to fit; a char tokenizer's is the text's
+    characters, so the flag cannot apply (prepared data: ``_check_prepared_vocabulary``)."""
+    sources = req.data or family.default_data
+    sources = [sources] if isinstance(sources, str) else sources
+    kind = req.tokenizer or family.tokenizers[0]
+    if req.fields.get("vocab_size") is not None and kind == "char" and \
+            not any(is_prepared(s) for s in sources):
+        raise UserError("--vocab_size sets the size of a BPE vocabulary; a char tokenizer has "
+                        "one id per character of the text (add --tokenizer bpe)")
+
+
 def _train_config(fields: dict) -> TrainConfig:
     try:
         return config_from_dict(TrainConfig, fields)
@@ -104,6 +117,7 @@ def new_run(req: TrainRequest, echo=print):
     if req.tokenizer is not None and req.tokenizer not in family.tokenizers:
         raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
                         f"(they use {' or '.join(family.tokenizers)})")
+    _check_char_vocabulary(family, req)
     base = family.preset(req.preset)
     _note_kept_width(req.preset or family.default_preset, base, req.fields, echo)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
@@ -261,6 +275,10 @@ def nothing_left(state: dict, cfg: TrainConfig) -> str | None:
 def train_run(req: TrainRequest, echo=print) -> int:
     """Train (or resume) the run ``req`` asks for; returns the exit code."""
     out = Path(req.out)
+    if req.init_from is not None and Path(req.init_from).resolve() == out.resolve():
+        raise UserError(f"--out {out} is the --init_from folder: the new run would write over "
+                        f"the model it starts from (--force does not change this); give the "
+                        f"run a folder of its own")
     check_out_dir(out, req.resume, req.force)  # refuse before reading or printing anything
     notes, saved = [], None
     if req.resume:

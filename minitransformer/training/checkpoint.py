@@ -201,10 +201,22 @@ def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
         with open(folder / STATE_JSON, encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, ValueError, SafetensorError) as e:
-        raise UserError(f"cannot read the training state in {folder}: {e}") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read the training state in {folder}: {reason}"
+                        f"{_go_back(folder)}") from None
     optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     return state, optimizer_state, rng
+
+
+def _go_back(folder: Path) -> str:
+    """For a damaged checkpoint of a run: how to go back to the complete one before it."""
+    folder = Path(folder)
+    if folder.parent.name != CHECKPOINTS:
+        return ""
+    earlier = [p for p in list_checkpoints(folder.parent.parent) if p.name < folder.name]
+    return (f"; remove that folder to go back to {earlier[-1].name}, the checkpoint before it"
+            if earlier else "")
 
 
 def resolve_model_dir(path, which: str = "best") -> Path:
@@ -232,7 +244,8 @@ def read_meta(folder: Path) -> dict:
     folder = Path(folder)
     for name in (CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE):
         if not (folder / name).exists():
-            raise UserError(f"{folder} is not a complete checkpoint: {name} is missing")
+            raise UserError(f"{folder} is not a complete checkpoint: {name} is missing"
+                            f"{_go_back(folder)}")
     meta = read_json_object(folder / CONFIG_FILE)
     if "model_type" in meta and not is_run_config(meta):
         raise UserError(f"{folder} holds a Hugging Face model, not a minitransformer run: "

@@ -82,6 +82,10 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
         raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
                         f"folder of its own (train reads prepared data with --data "
                         f"{out_dir})")
+    inside = ckpt.run_containing(out_dir)
+    if inside is not None and inside != out_dir.resolve():  # RUN/checkpoints(/...)
+        raise UserError(f"--out {out_dir} lies inside the run {inside}; give the new run a "
+                        f"folder of its own")
     has_run = ckpt.holds_run(out_dir)
     if resume and force:
         raise UserError("--resume continues the run in --out and --force replaces it: "
