@@ -8,6 +8,8 @@ refuses anything but tensors and plain containers.
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -57,9 +59,16 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu",
                                  weights_only=True)
+        except pickle.UnpicklingError as e:  # an object the safe loader will not build
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            what = f" ({found.group(1)})" if found else ""
+            raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors: it "
+                            f"holds other objects{what}, which are never unpickled; convert "
+                            f"it to model.safetensors where it comes from") from None
         except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
+            reason = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
             raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors "
-                            f"({type(e).__name__}: {e})") from None
+                            f"({type(e).__name__}: {reason[0] if reason else ''})") from None
         if not isinstance(tensors, dict):
             raise UserError(f"{folder / 'pytorch_model.bin'} does not hold a state dict")
     else:
