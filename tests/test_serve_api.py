@@ -9,6 +9,7 @@ must get its status and an error in OpenAI's shape, and the server must keep ser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from minitransformer.cli import main
 from minitransformer.families import load_run
 from minitransformer.nn import linear as linear_mod
 from minitransformer.serve import Settings, create_app, running
+from minitransformer.training.checkpoint import write_model_files
 
 openai = pytest.importorskip("openai", reason="openai is in the test extra")
 
@@ -132,6 +134,39 @@ def test_streaming_gives_the_same_text_in_chunks(client, run):
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
 
 
+def events(url: str, body: dict) -> list:
+    """A streamed completion read raw: each event's chunk as JSON, the last "[DONE]"."""
+    req = urllib.request.Request(url + "v1/completions", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        data = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def test_stream_options_include_usage_ends_the_stream_with_the_usage(url, client, run):
+    """OpenAI's ``stream_options: {"include_usage": true}``: one more chunk before [DONE], with
+    no choices and the usage of the whole request (each prompt counted once); every other
+    chunk carries ``usage: null``. Without it, no chunk has a usage field."""
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, n=2,
+                                            seed=5, stream=True,
+                                            stream_options={"include_usage": True}))
+    *texts, last = chunks
+    assert last.choices == [] and all(c.usage is None for c in texts)
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens,
+            last.usage.total_tokens) == (len(PROMPT), 12, len(PROMPT) + 12)
+    for i in range(2):
+        assert "".join(c.choices[0].text for c in texts if c.choices[0].index == i) == \
+            reference(run, PROMPT, 6, 5 + i)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "seed": 1, "stream": True}
+    raw = events(url, {**body, "stream_options": {"include_usage": True}})
+    assert raw[-1] == "[DONE]" and raw[-2]["choices"] == [] and raw[-2]["usage"] == {
+        "prompt_tokens": len(PROMPT), "completion_tokens": 3, "total_tokens": len(PROMPT) + 3}
+    assert all("usage" in c and c["usage"] is None for c in raw[:-2])
+    plain = events(url, body)
+    assert plain[-1] == "[DONE]" and all("usage" not in c for c in plain[:-1])
+    assert [c["choices"] for c in plain[:-1]] == [c["choices"] for c in raw[:-2]]
+
+
 def test_stop_cuts_the_text_and_streaming_never_shows_a_stop_start(client, run):
     full = reference(run, PROMPT, 40, 11)
     stop = full[10:13]
@@ -202,6 +237,14 @@ BAD = {  # name -> (raw body, status, param)
                          "presence_penalty"),
     "oversized body": (json.dumps({"model": "tiny", "prompt": "a" * 40000}).encode(), 413,
                        None),
+    "unknown field": (b'{"model": "tiny", "prompt": "a", "foo": 1}', 400, "foo"),
+    "unknown stream option": (b'{"model": "tiny", "prompt": "a", "stream": true, '
+                              b'"stream_options": {"bar": true}}', 400, "stream_options.bar"),
+    "stream_options without stream": (b'{"model": "tiny", "prompt": "a", "stream_options": '
+                                      b'{"include_usage": true}}', 400, "stream_options"),
+    "include_obfuscation": (b'{"model": "tiny", "prompt": "a", "stream": true, "stream_options"'
+                            b': {"include_obfuscation": true}}', 400,
+                            "stream_options.include_obfuscation"),
 }
 
 
@@ -215,12 +258,24 @@ def test_bad_requests_get_openai_errors(url, client, name):
     still_serving(client)
 
 
+def test_an_unknown_field_is_refused_by_name(url, client):
+    """A field this server does not know is a 400 naming it, in OpenAI's words, never
+    ignored; the page's endpoints are as strict."""
+    with pytest.raises(openai.BadRequestError,
+                       match="Unrecognized request argument supplied: foo"):
+        client.completions.create(model="tiny", prompt="a", max_tokens=2, extra_body={"foo": 1})
+    status, body = post(url, b'{"text": "To be", "colour": "red"}', path="api/inspect")
+    assert status == 400 and body["error"]["param"] == "colour"
+    assert_openai_error(body)
+    still_serving(client)
+
+
 def test_the_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="tiny", prompt="a", temperature=-0.5)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="a")
-    with pytest.raises(openai.BadRequestError, match="completion model"):
+    with pytest.raises(openai.BadRequestError, match="not a chat model.*/v1/completions"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user",
                                                                 "content": "hi"}])
     still_serving(client)
@@ -323,6 +378,19 @@ def test_the_walkthrough_endpoint_and_its_page(url, run):
         assert e.code == 404
 
 
+def test_a_walkthrough_layer_or_head_out_of_range_names_its_field(url, run):
+    """Past the model's layers or heads: a 400 naming ``layer`` (``head``), in the API's
+    words (not the ``explain`` command's flags)."""
+    cfg = run.model.config
+    for field, n in (("layer", cfg.n_layer), ("head", cfg.n_head)):
+        status, body = post(url, json.dumps({"text": PROMPT, field: n}).encode(),
+                            path="api/walkthrough")
+        assert status == 400 and body["error"]["param"] == field, body
+        message = body["error"]["message"]
+        assert "--" not in message and f"0 to {n - 1}" in message, message
+        assert_openai_error(body)
+
+
 def test_a_gpt_server_does_not_translate(url):
     status, body = post(url, b'{"text": "hola"}', path="api/translate")
     assert status == 400
@@ -359,7 +427,9 @@ def test_concurrent_unseeded_requests_are_decoded_as_one_batch(run):
 
 def test_the_neutral_values_of_unsupported_options_are_accepted(url):
     body = {"model": "tiny", "prompt": "a", "max_tokens": 2, "seed": 1, "best_of": 1,
-            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "echo": False}
+            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "echo": False,
+            "user": "someone", "stream_options": None,
+            "suffix": None}  # OpenAI's parameters, as LangChain's OpenAI and others send them
     got, answer = post(url, json.dumps(body).encode())
     assert got == 200, answer
     assert len(answer["choices"]) == 1
@@ -392,3 +462,38 @@ def test_fill_mask_answers_each_slot_and_refuses_a_text_without_one(tmp_path, ur
         assert post(mlm, b'{"text": "[MASK]"}', path="api/fill-mask")[0] == 200
     status, body = post(url, b'{"text": "a[MASK]"}', path="api/fill-mask")  # the GPT's server
     assert status == 400 and body["error"]["code"] == "not_applicable"
+
+
+@pytest.fixture
+def seq2seq_folder(tmp_path):
+    """An untrained encoder-decoder run folder (a joint BPE fitted on a few sentences)."""
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.tokenizers import BPETokenizer
+
+    tokenizer = BPETokenizer.train(["In the beginning.", "En el principio."] * 4, 280)
+    cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2,
+                        n_embd=16, d_ff=32, dropout=0.0)
+    meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(tmp_path / "mt", Seq2SeqTransformer(cfg), meta, tokenizer)
+    return tmp_path / "mt"
+
+
+def test_runs_that_do_not_continue_text_say_what_they_answer(seq2seq_folder, tmp_path,
+                                                             make_encoder):
+    """A chat or a completion request to an encoder-decoder's or a masked-LM encoder's server
+    names what does work for that run (its translate or fill-mask endpoint, the playground),
+    never the other /v1 endpoint that refuses it too; the endpoint named answers."""
+    make_encoder("abc [MASK]", folder=tmp_path / "mlm")
+    asks = (("v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("v1/completions", {"prompt": "hi"}))
+    for folder, works, body in ((seq2seq_folder, "POST /api/translate", {"text": "In the"}),
+                                (tmp_path / "mlm", "POST /api/fill-mask", {"text": "a[MASK]"})):
+        with running(create_app(load_run(folder), Settings(model_id="m"))) as u:
+            for path, ask in asks:
+                status, answer = post(u, json.dumps({"model": "m", **ask}).encode(), path=path)
+                message = answer["error"]["message"]
+                assert status == 400 and works in message and "the playground" in message
+                assert "/v1/" not in message, message
+            assert post(u, json.dumps(body).encode(), path=works.split()[1][1:])[0] == 200

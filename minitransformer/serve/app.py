@@ -2,7 +2,8 @@
 
     GET  /v1/models             the one model this server holds
     POST /v1/completions        OpenAI's completions API (GPT runs), SSE streaming
-    POST /v1/chat/completions   an OpenAI-shaped error: these are completion models
+    POST /v1/chat/completions   an OpenAI-shaped error: these are not chat models (it says
+                                what does work for the run)
     GET  /                      the playground page; /assets/NAME its scripts and styles
     GET  /api/info, POST /api/inspect, /api/tokenize, /api/translate, /api/fill-mask,
          /api/walkthrough: the page; GET /walkthrough/ID the walkthrough it opens
@@ -104,9 +105,9 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
     @v1.post("/completions")
     async def completions(req: CompletionRequest, request: Request):
         _check_model(settings, req.model)
-        if "sample" not in run.family.commands:
-            raise APIError(400, f"completions need a GPT run; {settings.model_id} is an "
-                                f"{run.family.title} run, which does not continue text", "model",
+        if not playground.abilities(run)["completions"]:
+            raise APIError(400, f"completions need a GPT run; {settings.model_id} does not "
+                                f"continue text: {_instead(run)}", "model",
                            "not_a_completion_model")
         plan = cmpl.plan_completion(req, run.tokenizer, settings.max_tokens,
                                settings.max_prompt_tokens)
@@ -114,16 +115,28 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
                             cmpl.batch_key(plan) if settings.max_batch > 1 else None,
                             lambda jobs: cmpl.run_batch(jobs, run.model, run.tokenizer), plan)
         if req.stream:
-            return StreamingResponse(_sse(worker, job, settings.model_id),
+            return StreamingResponse(_sse(worker, job, settings.model_id, plan),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return JSONResponse(await _gather(worker, job, request, settings.model_id, plan))
 
     @v1.post("/chat/completions")
     async def chat_completions() -> dict:
-        raise APIError(400, f"{settings.model_id} is a completion model, not a chat model: "
-                            f"use POST /v1/completions with a prompt", "model",
-                       "not_a_chat_model")
+        raise APIError(400, f"{settings.model_id} is not a chat model: {_instead(run)}",
+                       "model", "not_a_chat_model")
+
+
+# What each ability of a run is asked for with (``playground.abilities``' keys).
+ENDPOINTS = {"completions": "POST /v1/completions with a prompt",
+             "translate": 'POST /api/translate with {"text": "a sentence"}',
+             "fill_mask": 'POST /api/fill-mask with {"text": "a [MASK] to fill"}'}
+
+
+def _instead(run) -> str:
+    """Where to go for what this run does (by its abilities, never its family's name), for a
+    request it cannot answer: its endpoints, and the playground page."""
+    ways = [ENDPOINTS[name] for name, able in playground.abilities(run).items() if able]
+    return f"for {run.family.title} runs, use {', or '.join([*ways, 'the playground at /'])}"
 
 
 async def _gather(worker: Worker, job, request: Request, model_id: str, plan) -> dict:
@@ -150,17 +163,25 @@ async def _watch_disconnect(request: Request, job) -> None:
         await asyncio.sleep(0.25)
 
 
-async def _sse(worker: Worker, job, model_id: str):
-    """Server-sent events: one chunk per choice and step with new text, then [DONE]. The
-    response closing early (a client gone) ends ``events``, which cancels the job."""
+async def _sse(worker: Worker, job, model_id: str, plan: cmpl.Plan):
+    """Server-sent events: one chunk per choice and step with new text, the usage chunk if
+    ``plan.include_usage``, then [DONE]. The response closing early (a client gone) ends
+    ``events``, which cancels the job."""
     cid, created = cmpl.new_id(), int(time.time())
+
+    def event(piece: dict | None, usage: dict | None = None) -> str:
+        chunk = cmpl.chunk_body(cid, created, model_id, plan, piece, usage)
+        return f"data: {json.dumps(chunk)}\n\n"
+
     try:
         async for kind, value in worker.events(job):
+            if kind == "result" and plan.include_usage:  # the job's last event
+                yield event(None, value)
             if kind != "pieces":
                 continue
             for piece in value:
                 if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
-                    yield f"data: {json.dumps(cmpl.chunk_body(cid, created, model_id, piece))}\n\n"
+                    yield event(piece)
     except APIError as e:  # after the headers have gone, an error is one more event
         yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
     yield "data: [DONE]\n\n"

@@ -6,7 +6,7 @@
     run_batch         several unseeded requests of one ``batch_key`` (prompts of any
                       lengths) decoded as one ragged batch, each row leaving when it is done
     completion_body   the events gathered into OpenAI's ``text_completion`` object
-    chunk_body        one streamed event as OpenAI's chunk
+    chunk_body        one streamed event as OpenAI's chunk (or the last one, of the usage)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Plan:
     stops: list[str]
     seed: int | None
     logprobs: int | None
+    include_usage: bool = False  # stream_options: a last chunk with the usage
 
 
 def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> list[int]:
@@ -80,12 +81,17 @@ def _token_ids(tokenizer, ids: list[int], i: int | None, max_prompt_tokens: int)
 def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
                     max_prompt_tokens: int) -> Plan:
     """Check a request beyond its types; every problem is a 400 naming its field."""
+    options = req.stream_options
     asked = {"echo": req.echo, "suffix": req.suffix is not None,
              "best_of": req.best_of not in (None, req.n), "logit_bias": bool(req.logit_bias),
              "presence_penalty": req.presence_penalty != 0,
-             "frequency_penalty": req.frequency_penalty != 0}
+             "frequency_penalty": req.frequency_penalty != 0,
+             "stream_options.include_obfuscation": bool(options and options.include_obfuscation)}
     for name in (name for name, used in asked.items() if used):
         raise APIError(400, f"{name} is not supported", name, "unsupported")
+    if options is not None and not req.stream:  # as OpenAI answers it
+        raise APIError(400, "stream_options is only allowed when stream is true",
+                       "stream_options", "invalid_value")
     single = isinstance(req.prompt, str) or \
         bool(req.prompt) and all(isinstance(t, int) for t in req.prompt)  # one text or ids
     prompts = [req.prompt] if single else list(req.prompt)
@@ -104,7 +110,7 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", "stop")
     return Plan(prompts, ids, max_tokens, req.temperature, req.top_k, req.top_p, req.n, stops,
-                req.seed, req.logprobs)
+                req.seed, req.logprobs, bool(options and options.include_usage))
 
 
 def _piece(choice: Choice, logprobs: int | None) -> dict:
@@ -239,9 +245,16 @@ def new_id() -> str:
     return "cmpl-" + uuid.uuid4().hex[:24]
 
 
-def chunk_body(cid: str, created: int, model_id: str, piece: dict) -> dict:
-    return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
-            "choices": [piece], "system_fingerprint": None}
+def chunk_body(cid: str, created: int, model_id: str, plan: Plan, piece: dict | None,
+               usage: dict | None = None) -> dict:
+    """One piece of one choice as OpenAI's chunk; ``piece`` None: the last chunk that
+    ``stream_options.include_usage`` asks for (no choices, the usage). With that option every
+    chunk has a ``usage`` field (null but on the last), without it none has."""
+    body = {"id": cid, "object": "text_completion", "created": created, "model": model_id,
+            "choices": [] if piece is None else [piece], "system_fingerprint": None}
+    if plan.include_usage:
+        body["usage"] = usage
+    return body
 
 
 def completion_body(cid: str, model_id: str, plan: Plan, pieces: list[dict],

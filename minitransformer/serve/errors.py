@@ -1,8 +1,8 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
-Statuses as OpenAI uses them: 400 a bad request (malformed JSON, a wrong type, a value out of
-range, a prompt the model cannot read), 401 a missing or wrong API key, 404 an unknown model or
-path, 413 a body over the size limit, 429 a full request queue, 500 a bug.
+Statuses as OpenAI uses them: 400 a bad request (malformed JSON, an unknown field, a wrong type,
+a value out of range, a prompt the model cannot read), 401 a missing or wrong API key, 404 an
+unknown model or path, 413 a body over the size limit, 429 a full request queue, 500 a bug.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None, "invalid_json"
+    if first.get("type") == "extra_forbidden":  # a field no schema names: OpenAI's words
+        name = ".".join(loc)
+        return f"Unrecognized request argument supplied: {name}", name, "unknown_parameter"
     param = loc[0] if loc else None  # the field (pydantic adds the union member's type)
     where = f"{param}: " if param else ""
     return f"{where}{first.get('msg', 'invalid value')}", param, "invalid_value"

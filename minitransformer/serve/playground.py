@@ -57,6 +57,14 @@ def render_playground(lang: str) -> str:
             .replace("{{lang}}", lang).replace("{{i18n}}", walk_page.embed_json(page_catalogues())))
 
 
+def abilities(run) -> dict[str, bool]:
+    """What a run's model does, by its family's commands and its model (never the family's
+    name): the page's sections, and where the API's refusals send a request instead."""
+    commands = run.family.commands
+    return {"completions": "sample" in commands, "translate": "translate" in commands,
+            "fill_mask": fills_masks(run.model)}
+
+
 def router(run, settings, worker, authorized) -> APIRouter:
     """The page, its assets, and /api/... for one loaded run."""
     r = APIRouter()
@@ -85,9 +93,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
     async def info() -> dict:
         cfg = run.model.config
         return {"model": settings.model_id, "family": run.family.name,
-                "title": run.family.title, "completions": "sample" in commands,
-                "translate": "translate" in commands, "fill_mask": fills_masks(run.model),
-                "max_tokens": settings.max_tokens,
+                "title": run.family.title, **abilities(run), "max_tokens": settings.max_tokens,
                 "block_size": getattr(cfg, "block_size", None),
                 "n_layer": getattr(cfg, "n_layer", None), "n_head": getattr(cfg, "n_head", None),
                 "auth": settings.api_key is not None}

@@ -1,7 +1,9 @@
 """The request bodies the server reads, as pydantic models (they are also /openapi.json).
 
 Types are strict (``"1"`` is not a number, ``1`` is not a boolean), as OpenAI's API is; a value
-outside its range is a 400 in OpenAI's error shape (``errors.install_handlers``).
+outside its range is a 400 in OpenAI's error shape (``errors.install_handlers``). So is a field
+a model does not name ("Unrecognized request argument supplied: foo", as OpenAI says it): an
+option this server does not know is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ MAX_TOP = 50  # top_k of the page's probability view
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(Strict):
+    """OpenAI's ``stream_options`` (with ``stream: true`` only)."""
+
+    include_usage: bool = Field(False, description="one more chunk before [DONE]: no "
+                                "choices, and the usage of the whole request (every other "
+                                "chunk then carries usage null)")
+    include_obfuscation: bool = Field(False, description="not supported (this server pads no "
+                                      "events): must be absent or false")
 
 
 class CompletionRequest(Strict):
@@ -42,9 +54,12 @@ class CompletionRequest(Strict):
                                          "(not included in its text)")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="same seed, same text")
     stream: bool = Field(False, description="server-sent events in OpenAI's chunk format")
+    stream_options: StreamOptions | None = Field(None, description="with stream only")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                  description="top log-probabilities per token (temperature 1)")
     echo: bool = Field(False, description="not supported: must be false")
+    user: str | None = Field(None, description="the end user's id, for OpenAI's abuse "
+                             "monitoring: accepted and not used (it changes no text)")
     # OpenAI's options that would change the text and that this server does not implement:
     # each is a 400 "unsupported" when asked for, never silently ignored (``plan_completion``)
     suffix: str | None = Field(None, description="not supported: must be absent")

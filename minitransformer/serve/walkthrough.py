@@ -46,6 +46,16 @@ class Pages:
         return self._pages.get(key)
 
 
+def check_choice(model, req: WalkthroughRequest) -> None:
+    """The layer and head the page opens on, checked here so that a 400 names its own field
+    (the walkthrough's own check speaks of the ``explain`` command's flags)."""
+    cfg = model.config
+    for name, value, n in (("layer", req.layer, cfg.n_layer), ("head", req.head, cfg.n_head)):
+        if value >= n:
+            raise APIError(400, f"{name} {value} is out of range: the model has {n} {name}s "
+                                f"(0 to {n - 1})", name, "invalid_value")
+
+
 def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
     """The family's walkthrough of ``req.text`` as a served page (HTML text) opening in
     ``lang``, and what the API answers about it; a user error becomes a 400."""
@@ -71,6 +81,7 @@ def add_routes(page_router: APIRouter, api: APIRouter, run, worker, lang: str) -
         if "explain" not in run.family.commands:
             raise APIError(400, f"{run.family.title} runs have no walkthrough", None,
                            "not_applicable")
+        check_choice(run.model, req)
         html, about = await worker.call(lambda job: explain(run, req, req.lang or lang))
         return {"url": f"/walkthrough/{pages.add(html)}", **about}
 
