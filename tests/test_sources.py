@@ -180,3 +180,21 @@ def test_a_file_gone_between_listing_and_reading_is_a_user_error(tmp_path):
     (tmp_path / "b.txt").unlink()
     with pytest.raises(UserError, match="cannot read .*b.txt: No such file"):
         fingerprint(files)
+
+
+def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_path, capsys):
+    """The same refusal from both (--errors replace would make text of an image); --errors
+    skip leaves it out with the other files that do not decode."""
+    folder = tmp_path / "notes"
+    (folder / "img").mkdir(parents=True)
+    (folder / "a.txt").write_text("hello world text\n" * 50, encoding="utf-8")
+    (folder / "img" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 20)
+    for errors in ("strict", "replace"):
+        err = _prepare_fails(folder, capsys, tmp_path, "--errors", errors)
+        assert "logo.png looks like a binary file" in err and "--data 'FOLDER/**/*.txt'" in err
+    assert main(["train", "--data", str(folder), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--max_iters", "1", "--quiet"]) == 2
+    assert "logo.png looks like a binary file" in capsys.readouterr().err
+    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
+                 "skip"]) == 0
+    assert "1 document(s) of 2 file(s)" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .sources import has_records, read_documents
-from .text import refuse_compressed
+from .text import refuse_binary, refuse_compressed, wide_encoding
 
 BLOCK_BYTES = 1 << 20
 def is_text_file(path: Path) -> bool:
@@ -82,7 +82,10 @@ def _text_blocks(path: Path, encoding: str, errors: str) -> Iterator[tuple[bool,
     if errors == "skip" and not _decodes(path, encoding):
         return
     decoder, offset, first = _decoder(encoding, errors), 0, True
+    wide = wide_encoding(encoding)
     for raw in _with_end(_raw_blocks(path)):
+        if first and not wide:
+            refuse_binary(path, raw)  # --errors replace would make text of an image
         pending = len(decoder.getstate()[0])
         try:
             text = decoder.decode(raw, final=not raw)

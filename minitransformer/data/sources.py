@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .tables import arrow_rows, dataset_files, is_dataset_folder, parquet_rows
-from .text import BUNDLED, corpus_path, refuse_compressed
+from .text import BUNDLED, corpus_path, refuse_binary, refuse_compressed, wide_encoding
 
 TABLES = {".parquet": parquet_rows, ".arrow": arrow_rows}  # suffix -> rows of (text, where)
 
@@ -137,6 +137,8 @@ def read_documents(files: list[Path], text_field: str = "text", encoding: str = 
             continue
         try:
             raw = path.read_bytes()
+            if errors != "skip" and not wide_encoding(encoding):
+                refuse_binary(path, raw)  # --errors replace would make text of an image
             text = raw.decode(encoding, errors="replace" if errors == "replace" else "strict")
         except OSError as e:
             raise UserError(f"cannot read {path}: {e.strerror}") from None

@@ -55,6 +55,26 @@ def refuse_compressed(path, head: bytes | None = None) -> None:
                         f"(or JSONL) inside")
 
 
+def wide_encoding(encoding: str) -> bool:
+    """Whether text in ``encoding`` holds NUL bytes (UTF-16, UTF-32); an unknown encoding is
+    said where the text is decoded."""
+    try:
+        return codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
+    except LookupError:
+        return False
+
+
+def refuse_binary(source, raw: bytes) -> None:
+    """A UserError for bytes with a NUL in their first 64 KiB (an image, an archive, a
+    model's weights): text in a one-byte or UTF-8 encoding never holds one."""
+    if b"\x00" not in raw[:65536]:
+        return
+    hint = " (UTF-16 text? pass --encoding utf-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") \
+        else "; name the text files with a glob, e.g. --data 'FOLDER/**/*.txt'" \
+        if Path(source).parent != Path(".") else ""
+    raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text{hint}")
+
+
 def load_text(source: str, encoding: str = "utf-8") -> str:
     """Read a corpus as text, refusing empty, binary and wrongly decoded files with a message."""
     path = corpus_path(source)
@@ -63,17 +83,14 @@ def load_text(source: str, encoding: str = "utf-8") -> str:
     except OSError as e:
         raise UserError(f"cannot read {source}: {e.strerror}") from None
     if not raw.strip():
-        raise UserError(f"{source} is empty (or only whitespace): nothing to train on")
+        raise UserError(f"{source} is empty (or only whitespace): it holds no text")
     try:
         wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
     except LookupError:
         raise UserError(f"unknown encoding {encoding!r}") from None
     refuse_compressed(source, raw[:8])
-    if b"\x00" in raw[:65536] and not wide:
-        hint = " (UTF-16 text? pass --encoding utf-16)" \
-            if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not "
-                        f"text{hint}")
+    if not wide:
+        refuse_binary(source, raw)
     try:
         text = raw.decode(encoding)
     except LookupError:
