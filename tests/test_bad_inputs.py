@@ -299,3 +299,21 @@ def test_a_kernel_setting_that_is_not_one_is_refused(run_dir, monkeypatch, capsy
     monkeypatch.setenv("MINITRANSFORMER_KERNEL", "blas")
     assert main(["sample", str(run_dir), "--max_new_tokens", "2", "--seed", "0",
                  "--prompt", "h"]) == 0
+
+
+def test_messages_name_what_was_given(run_dir, tmp_path, capsys):
+    """Each refusal says what the input is: a family with its article, a file where a folder
+    is expected, prepared data where a model is, an empty text (not "nothing to train on")."""
+    f = files(tmp_path)
+    check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--model", "encoder"],
+                     "holds a GPT run, not an encoder run")
+    check_user_error(capsys, ["train", "--data", f["ok.txt"], "--data_tgt", f["ok.txt"],
+                              "--model", "encoder", "--out", tmp_path / "o"],
+                     "an encoder reads one text")
+    check_user_error(capsys, ["train", "--init_from", f["ok.txt"], "--data", f["ok.txt"],
+                              "--out", tmp_path / "o"], "ok.txt is a file")
+    check_user_error(capsys, ["sample", run_dir, "--temperature", "inf"], "finite")
+    check_user_error(capsys, ["evaluate", run_dir, "--data", f["empty.txt"]],
+                     "empty.txt is empty", "holds no text")
+    assert main(["prepare", "--data", str(f["ok.txt"]), "--out", str(tmp_path / "dd")]) == 0
+    check_user_error(capsys, ["sample", tmp_path / "dd"], "holds prepared data, not a model")

@@ -137,7 +137,7 @@ def check_sampling_args(args) -> None:
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
     if args.temperature < 0 or not math.isfinite(args.temperature):
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not args.prompt:
         raise UserError("--prompt is empty: give at least one character")
     if args.seed is not None and args.seed + args.num_samples - 1 >= SEED_LIMIT:

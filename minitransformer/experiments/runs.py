@@ -6,9 +6,10 @@
     resume    the newest checkpoint names its family, model, data and tokenizer; the same
               fields may be repeated, a different model or data field is an error, training
               fields given (e.g. a larger --max_iters) override the saved ones
-    init_from a pretrained folder (Hugging Face GPT-2 / BERT, or a run) gives the model, its
-              weights and the tokenizer; the training fields come from --preset (default
-              finetune); flags that would change the architecture are errors
+    init_from a pretrained folder (Hugging Face GPT-2, Llama, Qwen3, BERT, or a run) gives
+              the model, its weights and the tokenizer; the training fields come from
+              --preset (default finetune); flags that would change the architecture are
+              errors
 
 Nothing here knows a family by name: everything family-specific is a method of ``Family``.
 """
@@ -160,8 +161,9 @@ def pretrained_run(req: TrainRequest, echo=print):
     source = read_source(req.init_from)
     family = source.family
     if req.model is not None and req.model != family.name:
-        raise UserError(f"--init_from {source.path} holds a {family.title} model, not a "
-                        f"{req.model} one: drop --model or pass --model {family.name}")
+        raise UserError(f"--init_from {source.path} holds {family.a_title} model, not "
+                        f"{FAMILIES[req.model].a_title} one: drop --model or pass --model "
+                        f"{family.name}")
     if req.tokenizer is not None:
         raise UserError(f"--tokenizer: a run started from {source.path} keeps its tokenizer; "
                         f"drop the flag")
@@ -201,7 +203,8 @@ def resumed_run(req: TrainRequest):
         raise UserError(f"--resume keeps the run's settings; it was trained with --preset "
                         f"{meta['preset']}, not {req.preset}")
     if req.model is not None and req.model != family.name:
-        raise UserError(f"{req.out} holds a {family.name} run, not a {req.model} run")
+        raise UserError(f"{req.out} holds {family.a_title} run, not {FAMILIES[req.model].a_title} "
+                        f"run: drop --model")
     if req.tokenizer is not None and req.tokenizer != meta.get("data", {}).get("tokenizer"):
         raise UserError("--resume keeps the run's tokenizer; drop --tokenizer")
     saved = family.saved_fields(meta)

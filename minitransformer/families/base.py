@@ -99,6 +99,7 @@ class Family:
 
     name = ""
     title = ""  # how messages name it: "GPT", "encoder", "encoder-decoder"
+    a_title = ""  # the same with its article: "a GPT", "an encoder"
     config_class: type = object
     model_class: type = nn.Module
     data_classes: tuple[type, ...] = ()

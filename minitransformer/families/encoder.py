@@ -38,6 +38,7 @@ class EncoderFamily(StreamFamily):
     name = "encoder"
     presets = PRESETS
     title = "encoder"
+    a_title = "an encoder"
     config_class = EncoderConfig
     model_class = EncoderModel
     default_data = "shakespeare"

@@ -37,6 +37,7 @@ class GPTFamily(StreamFamily):
     name = "gpt"
     presets = PRESETS
     title = "GPT"
+    a_title = "a GPT"
     config_class = GPTConfig
     model_class = GPT
     default_data = "shakespeare"

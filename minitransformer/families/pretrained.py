@@ -4,9 +4,9 @@ PATH is either
 
 - a Hugging Face folder: config.json, the weights (model.safetensors, read without
   unpickling) and the tokenizer files (tokenizer.json, or GPT-2's vocab.json + merges.txt, or
-  BERT's vocab.txt). GPT-2 becomes our GPT, BERT our encoder (``interop.load_hf``); the
-  tokenizer is kept as it is, inside our ``BPETokenizer`` wrapper, so the run folder saves it
-  like any other;
+  BERT's vocab.txt). GPT-2, Llama and Qwen3 become our GPT, BERT our encoder
+  (``interop.load_hf``); the tokenizer is kept as it is, inside our ``BPETokenizer`` wrapper,
+  so the run folder saves it like any other;
 - one of our run folders (or a checkpoint folder), of any family: its best model and its
   own tokenizer.
 
@@ -67,6 +67,9 @@ class Source:
 def read_source(path) -> Source:
     """The folder ``--init_from`` names; anything that is not a model is a UserError."""
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--init_from {folder} is a file; give the folder of a run, a "
+                        f"checkpoint or a Hugging Face model")
     if not folder.is_dir():
         raise UserError(f"--init_from {folder}: no such folder")
     config = folder / ckpt.CONFIG_FILE

@@ -56,6 +56,7 @@ class Seq2SeqFamily(Family):
     name = "seq2seq"
     presets = PRESETS
     title = "encoder-decoder"
+    a_title = "an encoder-decoder"
     config_class = Seq2SeqConfig
     model_class = Seq2SeqTransformer
     data_classes = (ParallelDataConfig,)

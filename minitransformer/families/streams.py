@@ -76,7 +76,7 @@ class StreamFamily(Family):
         """A DATA_DIR as it is; any other source (files, folders, globs, JSONL, tables, several
         of them) prepared into the cache once, then read from there as a DATA_DIR is."""
         if source_tgt:
-            raise NotApplicable(f"--data_tgt is for sentence pairs; a {self.title} reads one "
+            raise NotApplicable(f"--data_tgt is for sentence pairs; {self.a_title} reads one "
                                 f"text (--model seq2seq translates)")
         sources = as_sources(source)
         if len(sources) == 1 and is_prepared(sources[0]):

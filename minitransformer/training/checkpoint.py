@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..data.shards import is_prepared
 from ..errors import UserError
 from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
     atomic_write,
@@ -242,6 +243,9 @@ def resolve_model_dir(path, which: str = "best") -> Path:
 
 def read_meta(folder: Path) -> dict:
     folder = Path(folder)
+    if is_prepared(folder):
+        raise UserError(f"{folder} holds prepared data, not a model: train --data {folder} "
+                        f"--out RUN trains one on it")
     for name in (CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE):
         if not (folder / name).exists():
             raise UserError(f"{folder} is not a complete checkpoint: {name} is missing"
