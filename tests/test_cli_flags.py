@@ -18,6 +18,7 @@ from minitransformer.cli.flags import (
     positive_int,
     seed,
 )
+from minitransformer.families import FAMILIES
 
 # what each command needs before an optional flag can be tried on it
 REQUIRED = {"train": ["--out", "o"], "compare": ["--out", "o", "--vary", "n_layer=1,2"],
@@ -112,6 +113,21 @@ def test_argparse_errors_are_one_line_with_a_pointer_to_help(argv, words, capsys
     assert "--help" in err and "error:" in err
     for word in words:
         assert word in err, (word, err)
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_help_shows_the_default_presets_values(command):
+    # train and compare use cpu-small when no preset is named, so their help shows its
+    # values (block_size 64, n_layer 3, relu, batch 32), not the bare dataclass defaults
+    preset = FAMILIES["gpt"].preset(None)
+    assert preset == FAMILIES["gpt"].preset("cpu-small")
+    assert preset["block_size"] == 64 and preset["activation"] == "relu"  # != the defaults
+    flags = SUBS[command]._option_string_actions
+    for name, value in preset.items():
+        action = flags.get(f"--{name}")
+        if action is None or "(default" not in action.help:
+            continue
+        assert action.help.endswith(f"(default {value})"), (command, name, action.help)
 
 
 def test_time_budget_none_lets_max_iters_decide():

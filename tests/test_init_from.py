@@ -305,3 +305,41 @@ def test_a_hugging_face_tokenizer_reads_jsonl_records_not_their_json(gpt2, tmp_p
     ids = prepared.train_ids.tolist() + prepared.val_ids.tolist()
     assert tok.decode(ids) == gpt.bpe_separator.join(docs)
     assert prepared.data_meta["text_field"] == "body"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path):
+    """A Llama or Qwen3 folder (grouped-query attention; Qwen3 adds QK-norm) fine-tunes as
+    GPT-2 does: the first loss is transformers' loss on the same batch, and the run exports
+    back as its own kind."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    byte_level_bpe(corpus.read_text(encoding="utf-8")).save(str(folder / "tokenizer.json"))
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[kind]
+    torch.manual_seed(1)
+    hf = model_class(config_class(
+        vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.3)
+    hf.save_pretrained(folder)
+    out = tmp_path / "run"
+    assert main(["train", "--init_from", str(folder), "--data", str(corpus), "--out", str(out),
+                 "--dtype", "float32", "--dropout", "0", "--block_size", "32", "--max_iters",
+                 "2", "--log_interval", "1", "--eval_interval", "2", "--batch_size", "8",
+                 *QUICK]) == 0
+    _, _, built, cfg = new_run(TrainRequest(out=out, init_from=str(folder), data=str(corpus),
+                                            fields={"block_size": 32, "batch_size": 8}),
+                               echo=lambda line: None)
+    x, y = built.task.batch("train", cfg.batch_size, torch.Generator().manual_seed(cfg.seed))
+    with torch.no_grad():
+        logits = hf(x).logits  # (B, T, V)
+    ref = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+    first = float(next(r["train_loss"] for r in read_log(out) if r["train_loss"]))
+    assert first == pytest.approx(ref, rel=1e-4, abs=1e-4)
+    assert main(["export", str(out), "--hf", str(tmp_path / "back")]) == 0
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == kind

@@ -84,7 +84,7 @@ def test_evaluate_lines_are_aligned(run, capsys):
 
 
 def test_evaluate_scores_another_text_whole_and_the_runs_own_by_its_val_split(run, capsys):
-    """evaluate --data: a test file is scored whole, the windows drawn from all of it (the
+    """evaluate --data: a test file is scored as a whole, the windows drawn from all of it (the
     trainer's function on a task whose val split is the whole text); the run's own corpus,
     however named (a copy of it), by its val split, the figure training printed."""
     from minitransformer import load_checkpoint

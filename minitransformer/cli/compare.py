@@ -26,7 +26,7 @@ from .flags import (
     config_values,
     parse_bool,
 )
-from .train import CONFIG_GROUPS, add_early_stop
+from .train import CONFIG_GROUPS, add_early_stop, preset_defaults
 
 
 def add_parser(sub) -> None:
@@ -38,7 +38,11 @@ def add_parser(sub) -> None:
         description="Train one model per combination of the --vary lists, each on the same "
                     "batches and from the same initial values for every parameter they share, "
                     "then write compare.png and results.md / results.csv in --out (one run "
-                    "folder per variant beside them). Any config field is a flag.")
+                    "folder per variant beside them). Any config field is a flag. The defaults "
+                    "shown are those of the default preset, cpu-small, of the GPT family "
+                    "(fields of the other families: their own cpu-small), as in train; "
+                    "--time_budget without --preset sizes the model to the budget instead. "
+                    "A flag given wins over the preset.")
     c.add_argument("--data", default=None,
                    help="corpus: a bundled name or a path (default shakespeare; for seq2seq "
                         "bible_en_es)")
@@ -59,7 +63,7 @@ def add_parser(sub) -> None:
     c.add_argument("--force", action="store_true", help="replace runs already in --out")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     add_early_stop(c)
-    add_config_flags(c, CONFIG_GROUPS)
+    add_config_flags(c, CONFIG_GROUPS, preset_defaults())
     c.set_defaults(func=cmd_compare)
 
 

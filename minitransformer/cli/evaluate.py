@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
     add_run_dir(e)
     e.add_argument("--data", default=None,
                    help="corpus to score (default: the one it was trained on); GPT and "
-                        "encoder runs score another text whole (a test file), their own (even "
-                        "moved or copied) and a prepared folder by its val split, as training "
-                        "measured it")
+                        "encoder runs score another text (a test file) by eval_iters x "
+                        "batch_size windows drawn from all of it, their own (even moved or "
+                        "copied) and a prepared folder by its val split, as training measured "
+                        "it")
     e.add_argument("--encoding", default=None,
                    help="text encoding of --data (default: the run's)")
     e.add_argument("--text_field", default=None, metavar="NAME",

@@ -68,11 +68,11 @@ def add_parser(sub) -> None:
     add_tokenizer_flag(t)
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--init_from", default=None, metavar="PATH",
-                   help="start from pretrained weights: a Hugging Face GPT-2 or BERT folder "
-                        "(config.json, model.safetensors, tokenizer files) or a run folder; "
-                        "the model keeps its architecture and tokenizer (only --dropout, "
-                        "--attn_impl and a smaller --block_size may change), the training "
-                        "fields come from --preset (default finetune)")
+                   help="start from pretrained weights: a Hugging Face GPT-2, Llama, Qwen3 or "
+                        "BERT folder (config.json, model.safetensors, tokenizer files) or a "
+                        "run folder; the model keeps its architecture and tokenizer (only "
+                        "--dropout, --attn_impl and a smaller --block_size may change), the "
+                        "training fields come from --preset (default finetune)")
     t.add_argument("--force", action="store_true", help="replace a run already in --out")
     t.add_argument("--encoding", default=None, help="text encoding of the corpus "
                    "(default utf-8)")
