@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -343,3 +344,38 @@ def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path)
     assert first == pytest.approx(ref, rel=1e-4, abs=1e-4)
     assert main(["export", str(out), "--hf", str(tmp_path / "back")]) == 0
     assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == kind
+
+
+def test_prepare_with_the_tokenizer_of_a_folder_to_fine_tune_from(gpt2, corpus, tmp_path,
+                                                                  capsys):
+    """prepare --tokenizer_from: a big corpus tokenized once, into memory-mapped shards, with
+    the tokenizer a run from that folder uses, so the run trains on the prepared folder. Its
+    ids are the Hugging Face tokenizer's own."""
+    from minitransformer.data.shards import TOKENS
+
+    _, folder = gpt2
+    data = tmp_path / "data"
+    assert main(["prepare", "--data", str(corpus), "--out", str(data), "--tokenizer_from",
+                 str(folder)]) == 0
+    assert "the tokenizer of the Hugging Face gpt2 folder" in capsys.readouterr().out
+    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+    ids = np.fromfile(data / TOKENS, dtype=manifest["dtype"]).tolist()
+    assert ids == load_hf_tokenizer(folder).encode(corpus.read_text(encoding="utf-8"))
+    run = tmp_path / "run"
+    assert main(["train", "--init_from", str(folder), "--data", str(data), "--out", str(run),
+                 "--block_size", "32", "--max_iters", "2", "--eval_interval", "2",
+                 "--time_budget", "none", *QUICK]) == 0
+    again = tmp_path / "again"  # and with the tokenizer of the run itself, for --resume
+    assert main(["prepare", "--data", str(corpus), "--out", str(again), "--tokenizer_from",
+                 str(run)]) == 0
+    assert (again / TOKENS).read_bytes() == (data / TOKENS).read_bytes()
+    assert main(["train", "--out", str(run), "--resume", "--data", str(again), "--max_iters",
+                 "3", *QUICK]) == 0
+    for flags, words in ((["--vocab_size", "300"], "--vocab_size does not apply"),
+                         (["--tokenizer", "bpe"], "--tokenizer does not apply"),
+                         (["--model", "encoder"], "holds a GPT model, not an encoder one")):
+        capsys.readouterr()
+        assert main(["prepare", "--data", str(corpus), "--out", str(tmp_path / "no"),
+                     "--tokenizer_from", str(folder), *flags]) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()

@@ -13,6 +13,7 @@ from ..data.cache import clear_cache
 from ..data.shards import MANIFEST, PARTIAL
 from ..errors import UserError
 from ..families import FAMILIES, get_family
+from ..families.pretrained import read_tokenizer_source
 from ..training.checkpoint import holds_run, run_containing
 from .flags import add_tokenizer_flag, positive_int
 
@@ -28,10 +29,14 @@ def add_parser(sub) -> None:
                    help="a bundled corpus, a file, a folder or a glob; give it several times to "
                         "prepare sources together, in that order")
     p.add_argument("--out", help="the DATA_DIR to write")
-    p.add_argument("--model", default="gpt", choices=[n for n, f in FAMILIES.items()
-                                                      if "char" in f.tokenizers],
-                   help="the family that will train on it (its special tokens; default gpt)")
+    p.add_argument("--model", default=None, choices=PREPARED_FAMILIES,
+                   help="the family that will train on it (its special tokens; default gpt, or "
+                        "the --tokenizer_from folder's)")
     add_tokenizer_flag(p, seq2seq=False)
+    p.add_argument("--tokenizer_from", default=None, metavar="PATH",
+                   help="encode with the tokenizer of a model folder (a run, a checkpoint or a "
+                        "Hugging Face folder: what train --init_from takes) instead of fitting "
+                        "one, so that a run fine-tuned from that folder can train on DATA_DIR")
     p.add_argument("--vocab_size", type=positive_int, default=None,
                    help="BPE vocabulary size (default 1024)")
     p.add_argument("--text_field", default="text",
@@ -58,6 +63,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_prepare)
 
 
+# the families prepare writes for (not the encoder-decoder's sentence pairs)
+PREPARED_FAMILIES = [n for n, f in FAMILIES.items() if "char" in f.tokenizers]
+
+
 def cmd_prepare(args) -> int:
     if args.clear_cache:
         clear_cache(echo=print)
@@ -80,7 +89,9 @@ def cmd_prepare(args) -> int:
         raise UserError(f"--out {out} already holds files that are not prepared data, which "
                         f"prepare could replace; give it a new or empty folder (--force does "
                         f"not change this)")
-    family = get_family(args.model)
+    family, tokenizer = get_family(args.model or "gpt"), None
+    if args.tokenizer_from is not None:
+        family, tokenizer = tokenizer_from(args)
     if args.tokenizer is not None and args.tokenizer not in family.tokenizers:
         raise UserError(f"--tokenizer {args.tokenizer} does not apply to {family.title} runs")
     for flag, value in (("--vocab_size", args.vocab_size), ("--bpe_sample", args.bpe_sample)):
@@ -89,5 +100,24 @@ def cmd_prepare(args) -> int:
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
-                       bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6)
+                       bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6,
+                       tokenizer=tokenizer)
     return 0
+
+
+def tokenizer_from(args):
+    """(family, tokenizer) of ``--tokenizer_from``: the folder's, which no BPE flag changes."""
+    for flag in ("tokenizer", "vocab_size", "bpe_sample"):
+        if getattr(args, flag) is not None:
+            raise UserError(f"--{flag} does not apply with --tokenizer_from: the folder's "
+                            f"tokenizer is used as it is")
+    family, tokenizer, described = read_tokenizer_source(args.tokenizer_from)
+    if family.name not in PREPARED_FAMILIES:
+        raise UserError(f"--tokenizer_from {args.tokenizer_from} holds {family.a_title} model: "
+                        f"prepare writes data for {' and '.join(PREPARED_FAMILIES)} runs")
+    if args.model is not None and args.model != family.name:
+        raise UserError(f"--tokenizer_from {args.tokenizer_from} holds {family.a_title} model, "
+                        f"not {get_family(args.model).a_title} one: drop --model")
+    print(f"encoding with the tokenizer of {described} ({tokenizer.kind}, "
+          f"{tokenizer.vocab_size:,} ids)")
+    return family, tokenizer

@@ -51,22 +51,27 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    special_tokens: tuple[str, ...] = (), bpe_separator: str = "\n\n",
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
                    errors: str = "strict", echo=print, workers: int | None = None,
-                   bpe_sample: int | None = None) -> dict:
+                   bpe_sample: int | None = None, tokenizer=None) -> dict:
     """Fit the tokenizer on the sources (with the family's ``special_tokens``; documents
     apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``.
 
     ``workers``: BPE encoding processes (default: the CPUs, at most 8; characters are looked
     up in this process, cheaper than sending them to another: 54 against 32 MB/s here);
-    ``bpe_sample``: bytes of text BPE is trained on (default 16 MB)."""
+    ``bpe_sample``: bytes of text BPE is trained on (default 16 MB); ``tokenizer``: encode
+    with this one (a run's, a pretrained folder's) instead of fitting one."""
     check_val_fraction(val_fraction)
     files = source_files(sources)
     check_text_field(files, text_field)
     read = {"text_field": text_field, "encoding": encoding, "errors": errors}
     total = sum(p.stat().st_size for p in files)
     prints, start = fingerprint(files), time.perf_counter()
-    fitted, head = fit_streamed(files, kind or "char", vocab, special_tokens, read,
-                                DEFAULT_BPE_SAMPLE if bpe_sample is None else bpe_sample,
-                                total, echo)
+    fit = tokenizer is None
+    if fit:
+        fitted, head = fit_streamed(files, kind or "char", vocab, special_tokens, read,
+                                    DEFAULT_BPE_SAMPLE if bpe_sample is None else bpe_sample,
+                                    total, echo)
+    else:
+        fitted, head = tokenizer, text_head(files, read)
     spec, route = choose_encoder(encoder_spec(fitted), head[:PROBE_CHARS])
     separator = bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
     workers = default_workers() if workers is None else max(1, workers)
@@ -83,10 +88,23 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     encoding_s = time.perf_counter() - start - fitting
     echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
          f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
-         f"{fitted.vocab_size:,} ids, {manifest['dtype']}); reading and fitting {fitting:.1f} s, "
+         f"{fitted.vocab_size:,} ids, {manifest['dtype']}); reading{' and fitting' * fit} "
+         f"{fitting:.1f} s, "
          f"encoding {encoding_s:.1f} s ({total / 1e6 / max(encoding_s, 1e-9):.1f} MB/s; {route}, "
          f"{workers} worker(s)); train on it: minitransformer train --data {out} --out RUN")
     return manifest
+
+
+def text_head(files, read: dict) -> str:
+    """The first ``PROBE_CHARS`` characters of the sources (what ``choose_encoder`` probes)."""
+    head: list[str] = []
+    size = 0
+    for _, text, _ in blocks(files, **read):
+        head.append(text)
+        size += len(text)
+        if size >= PROBE_CHARS:
+            break
+    return "".join(head)
 
 
 def fit_streamed(files, kind: str, vocab: int | None, special_tokens: tuple[str, ...],

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from ..interop import load_hf, load_hf_tokenizer
+from ..interop import hf_model_class, load_hf, load_hf_tokenizer
 from ..interop.tokenizer import as_char_tokenizer
 from ..io import read_json_object
 from ..tokenizers import BPETokenizer
@@ -66,24 +66,54 @@ class Source:
 
 def read_source(path) -> Source:
     """The folder ``--init_from`` names; anything that is not a model is a UserError."""
+    folder, meta = _model_folder(path, "--init_from")
+    return _run_source(folder) if meta is None else _hf_source(folder, meta)
+
+
+def read_tokenizer_source(path, flag: str = "--tokenizer_from") -> tuple[Family, Any, str]:
+    """(family, tokenizer, description) of the model folder ``path`` (what ``--init_from``
+    takes), without its weights: ``prepare --tokenizer_from`` encodes a corpus with the
+    tokenizer a fine-tuning run from that folder will use."""
+    folder, meta = _model_folder(path, flag)
+    if meta is None:
+        found = ckpt.resolve_model_dir(folder)
+        family = FAMILIES[ckpt.read_meta(found)["family"]]
+        tokenizer = ckpt.read_tokenizer(found)
+        return family, tokenizer, f"the {family.title} run {folder}"
+    try:
+        model_class = hf_model_class(folder)
+        tokenizer = load_hf_tokenizer(folder)
+    except UserError as e:
+        raise UserError(f"{flag} {folder}: {' '.join(str(e).split())}") from None
+    family = next(f for f in FAMILIES.values() if f.model_class is model_class)
+    return family, _ours(tokenizer), f"the Hugging Face {meta.get('model_type')} folder {folder}"
+
+
+def _model_folder(path, flag: str) -> tuple[Path, dict | None]:
+    """(the folder, its Hugging Face config; None for one of our runs or checkpoints)."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"--init_from {folder} is a file; give the folder of a run, a "
-                        f"checkpoint or a Hugging Face model")
+        raise UserError(f"{flag} {folder} is a file; give the folder of a run, a checkpoint "
+                        f"or a Hugging Face model")
     if not folder.is_dir():
-        raise UserError(f"--init_from {folder}: no such folder")
+        raise UserError(f"{flag} {folder}: no such folder")
     config = folder / ckpt.CONFIG_FILE
     if not config.exists():
         if ckpt.list_checkpoints(folder):  # a run that has not saved a best model yet
-            return _run_source(folder)
-        raise UserError(f"--init_from {folder} is not a model folder: it has no config.json")
+            return folder, None
+        raise UserError(f"{flag} {folder} is not a model folder: it has no config.json")
     meta = read_json_object(config)
     if meta.get("format") == "minitransformer":
-        return _run_source(folder)
+        return folder, None
     if meta.get("model_type") is None and not meta.get("architectures"):
-        raise UserError(f"--init_from {folder} is not a model folder: its config.json names "
+        raise UserError(f"{flag} {folder} is not a model folder: its config.json names "
                         f"no model_type")
-    return _hf_source(folder, meta)
+    return folder, meta
+
+
+def _ours(tokenizer):
+    """A Hugging Face folder's tokenizer as ours (a char run's export reads as its run did)."""
+    return as_char_tokenizer(tokenizer) or BPETokenizer(tokenizer.tokenizer)
 
 
 def _run_source(folder: Path) -> Source:
@@ -101,10 +131,9 @@ def _hf_source(folder: Path, meta: dict) -> Source:
     family = next((f for f in FAMILIES.values() if isinstance(model, f.model_class)), None)
     if family is None:
         raise UserError(f"--init_from {folder}: a {type(model).__name__} cannot be trained")
-    # a char run's export reads as its run did
-    ours = as_char_tokenizer(tokenizer) or BPETokenizer(tokenizer.tokenizer)
     return Source(folder, "hf", family, dataclasses.replace(model.config),
-                  dict(model.state_dict()), ours, {"model_type": meta.get("model_type")})
+                  dict(model.state_dict()), _ours(tokenizer),
+                  {"model_type": meta.get("model_type")})
 
 
-__all__ = ["Source", "read_source"]
+__all__ = ["Source", "read_source", "read_tokenizer_source"]

@@ -137,8 +137,9 @@ class StreamFamily(Family):
             raise NotApplicable(f"{folder} was prepared with another tokenizer "
                                 f"({prepared.tokenizer.kind}, {prepared.tokenizer.vocab_size:,} "
                                 f"ids) than this run's ({tokenizer.kind}, "
-                                f"{tokenizer.vocab_size:,} ids); prepare the data with the "
-                                f"run's tokenizer, or pass --data with a text file")
+                                f"{tokenizer.vocab_size:,} ids); prepare the text with its "
+                                f"tokenizer (prepare --tokenizer_from and the run's folder or "
+                                f"the one it starts from), or pass --data with a text file")
         return prepared
 
     def _open_cached(self, cached: Cached, sources: list[str], encoding: str, mode: str,

@@ -5,7 +5,8 @@ GPT-2, Llama or Qwen3 out.
     model = load_hf("path/to/all-MiniLM-L6-v2")      # an EncoderModel with BERT's weights
 """
 
-from .hf import describe, load_hf, save_hf
+from .hf import describe, hf_model_class, load_hf, save_hf
 from .tokenizer import HFTokenizer, load_hf_tokenizer
 
-__all__ = ["HFTokenizer", "describe", "load_hf", "load_hf_tokenizer", "save_hf"]
+__all__ = ["HFTokenizer", "describe", "hf_model_class", "load_hf", "load_hf_tokenizer",
+           "save_hf"]

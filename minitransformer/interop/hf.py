@@ -47,6 +47,15 @@ def model_type(hf_config: dict) -> str:
     return kind
 
 
+def hf_model_class(path) -> type:
+    """The class ``load_hf`` builds from the folder (``GPT`` or ``EncoderModel``), from its
+    config alone."""
+    hf_config = read_hf_config(hf_folder(path))
+    if is_run_config(hf_config):
+        raise UserError(f"{path} holds a minitransformer run, not a Hugging Face model")
+    return EncoderModel if model_type(hf_config) == "bert" else GPT
+
+
 def load_hf(path, device="cpu"):
     """Read a local Hugging Face folder (config.json + model.safetensors) into our model.
 
