@@ -178,3 +178,28 @@ def test_joined_streams_read_the_whole_file_without_a_copy(tmp_path):
     assert stepped.tolist() == list(range(9, 1000))
     backwards = joined(TokenStream(mapped[5:6][::-1]), TokenStream(mapped[6:]))
     assert backwards.tolist() == list(range(5, 1000))
+
+
+def test_a_lopsided_split_is_noted(tmp_path, capsys, monkeypatch):
+    """Two documents, the last 50 times the first: the split can only fall between them, so
+    val holds 98% of the tokens; prepare and train's cache both say so. Evenly sized
+    documents give no note."""
+    from minitransformer.cli import main
+
+    folder = tmp_path / "fold"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x" * 61, encoding="utf-8")
+    (folder / "b.txt").write_text("hello there. " * 230, encoding="utf-8")
+    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "d")]) == 0
+    assert "note: the val split holds 98.0% of the tokens, not 10%" in capsys.readouterr().out
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "cache"))
+    assert main(["train", "--data", str(folder), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--max_iters", "1", "--quiet", "--time_budget", "none",
+                 "--sample_tokens", "0"]) == 0
+    assert "note: the val split holds 98.0%" in capsys.readouterr().out
+    even = tmp_path / "even"
+    even.mkdir()
+    for i in range(20):
+        (even / f"{i:02d}.txt").write_text(f"document {i} " * 40, encoding="utf-8")
+    assert main(["prepare", "--data", str(even), "--out", str(tmp_path / "e")]) == 0
+    assert "note:" not in capsys.readouterr().out

@@ -40,7 +40,7 @@ from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, char_alphabet, default_workers
 from .reading import BLOCK_BYTES, sample_lines
-from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, write_stream
+from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, split_note, write_stream
 from .sources import (
     Document,
     check_text_field,
@@ -257,6 +257,8 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
                                     workers=workers)
     echo(f"prepared {manifest['tokens']:,} tokens of {', '.join(sources)} into {folder}; "
          f"reusing it next time")
+    if note := split_note(manifest):
+        echo(note)
     return Cached(folder, crlf, False)
 
 

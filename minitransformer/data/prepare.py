@@ -24,7 +24,7 @@ from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .encode import choose_encoder, encoder_spec
 from .reading import blocks, byte_blocks, sample_lines
-from .shards import check_val_fraction, write_stream
+from .shards import check_val_fraction, split_note, write_stream
 from .sources import check_text_field, fingerprint, source_files
 
 CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
@@ -92,6 +92,8 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
          f"{fitting:.1f} s, "
          f"encoding {encoding_s:.1f} s ({total / 1e6 / max(encoding_s, 1e-9):.1f} MB/s; {route}, "
          f"{workers} worker(s)); train on it: minitransformer train --data {out} --out RUN")
+    if note := split_note(manifest):
+        echo(note)
     return manifest
 
 

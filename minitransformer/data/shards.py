@@ -183,6 +183,19 @@ def write_shards(documents, tokenizer, out_dir, sources: list[dict], val_fractio
     return write_stream(texts(), tokenizer, out_dir, sources, val_fraction, separator, workers)
 
 
+def split_note(manifest: dict) -> str | None:
+    """A note when the val split, cut at a document boundary, is far from ``val_fraction`` of
+    the tokens (a few documents of very different lengths); None when it is close."""
+    n, asked = manifest["tokens"], manifest["val_fraction"]
+    share = (n - manifest["val_start"]) / max(n, 1)
+    if asked / 2 <= share <= max(2 * asked, asked + 0.05):
+        return None
+    return (f"note: the val split holds {share:.1%} of the tokens, not {asked:.0%}: the split "
+            f"falls between documents (the last one always goes to val), and these "
+            f"{manifest['documents']:,} are few or of uneven length; more files of even length, "
+            f"or one file, split closer")
+
+
 def val_start(n: int, doc_starts, val_fraction: float) -> int:
     """Where the val split starts: split_ids' point for one document, else the first document
     boundary at or after it (the last document at least)."""
