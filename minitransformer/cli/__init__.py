@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"minitransformer: internal error: {type(e).__name__}: {e}\n"
-              f"(this is a bug; rerun with --debug for the traceback)", file=sys.stderr)
+              f"(this is a bug; rerun as minitransformer --debug {args.command} ... for the "
+              f"traceback)", file=sys.stderr)
         return 1
 
 
