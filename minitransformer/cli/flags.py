@@ -258,8 +258,24 @@ class Parser(argparse.ArgumentParser):
             if words is not None and not any(a.startswith("-") for a in extra):
                 setattr(parsed, words, [*(getattr(parsed, words, None) or []), *extra])
                 return parsed
+            if owners := self._other_commands_flags(extra, parsed.command):
+                sub.exit(2, f"{sub.prog}: error: {owners} (see {sub.prog} --help)\n")
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
         return parsed
+
+    def _other_commands_flags(self, extra: list[str], command: str) -> str:
+        """'--context_mode is a flag of sample, not of train' for flags given to a command
+        that another command takes; '' when none is."""
+        notes = []
+        for word in (w for w in extra if w.startswith("--")):
+            name = word.split("=")[0]
+            spellings = {name, "--" + name[2:].replace("-", "_")}
+            owners = [n for n, p in self._subcommands().items()
+                      if n != command and spellings & set(p._option_string_actions)]
+            if owners:
+                them = " and ".join([", ".join(owners[:-1]), owners[-1]] if owners[:-1] else owners)
+                notes.append(f"{name} is a flag of {them}, not of {command}")
+        return "; ".join(notes)
 
     def words_dest(self) -> str | None:
         """The destination of this parser's positional list of words (nargs="*"), if any."""
