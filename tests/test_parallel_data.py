@@ -60,6 +60,14 @@ def test_tsv_columns_by_name_index_and_without_header(tmp_path):
     c = read_tsv(str(bare))
     assert c.src == ["Good morning.", "Thank you."] and c.tgt == ["Buenos días.", "Gracias."]
     assert read_tsv(str(bare), "1", "0").src == ["Buenos días.", "Gracias."]
+    one = tmp_path / "one.txt"  # plain text: no column flags could make pairs of it
+    one.write_text("Good morning.\nThank you.\n", encoding="utf-8")
+    with pytest.raises(UserError, match="one column, not sentence pairs"):
+        read_tsv(str(one))
+    three = tmp_path / "three.tsv"
+    three.write_text("1\tGood morning.\tBuenos días.\n", encoding="utf-8")
+    with pytest.raises(UserError, match="3 columns and no header; say which to use"):
+        read_tsv(str(three))
 
 
 def test_a_header_is_known_by_its_names(tmp_path):

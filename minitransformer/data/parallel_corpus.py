@@ -119,6 +119,10 @@ def read_tsv(source: str, src: str | None = None, tgt: str | None = None,
         raise UserError(f"{shown} is empty: no sentence pairs")
     first = numbered[0][1].split("\t")
     header = first if _is_header(first, src, tgt) else None
+    if header is None and (src or tgt) is None and len(first) < 2:
+        raise UserError(f"{shown}:{numbered[0][0]}: one column, not sentence pairs: an "
+                        f"encoder-decoder reads source<TAB>target lines (train also takes the "
+                        f"two sides as two files, --data and --data_tgt)")
     if header is None and (src or tgt) is None and len(first) != 2:
         raise UserError(f"{shown}:{numbered[0][0]}: {len(first)} columns and no header; say "
                         f"which to use: --src 0 --tgt 1")
