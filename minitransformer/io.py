@@ -29,6 +29,11 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # read once: os.umask can only be read by setting it
 
 
+def usual_mode(folder: bool = False) -> int:
+    """The permissions a new file (0666) or folder (0777) gets under the process's umask."""
+    return (0o777 if folder else 0o666) & ~_UMASK
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable (a no-op where folders cannot be opened)."""
     try:
@@ -50,7 +55,7 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
+        os.chmod(tmp, usual_mode())  # mkstemp makes 0600; give the usual permissions
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

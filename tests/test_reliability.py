@@ -240,3 +240,17 @@ def test_a_hugging_face_folder_with_a_malicious_pickle_fails_cleanly(tmp_path, c
     assert main(["sample", "--hf", str(folder), "--prompt", "a"]) == 2
     assert "Traceback" not in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_a_run_folder_gets_the_usual_permissions(corpus, tmp_path):
+    """Atomic writes go through temporary files and folders, which mkstemp and mkdtemp make
+    private (0600, 0700); the run's files and checkpoint folders end with what the umask
+    gives any other file and folder, so that others who may read the folder can read them."""
+    out = tmp_path / "run"
+    argv = train_cmd(corpus, out, "--max_iters", "2", "--eval_interval", "1")[3:]
+    assert main(argv) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [out, *out.rglob("*")]:
+        want = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert path.stat().st_mode & 0o777 == want, (path, oct(path.stat().st_mode))

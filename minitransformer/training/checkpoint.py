@@ -34,6 +34,7 @@ from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
     is_run_config,
     load_weights,
     read_json_object,
+    usual_mode,
 )
 from ..tokenizers import tokenizer_from_dict
 
@@ -124,6 +125,7 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:07d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step_{step:07d}-"))
+    os.chmod(tmp, usual_mode(folder=True))  # mkdtemp makes 0700
     try:
         write_model_files(tmp, model, meta, tokenizer)
         opt_tensors, opt_info = _flatten_optimizer(optimizer)
