@@ -92,9 +92,14 @@ def fit_bpe_lines(kind: str, lines: list[str], head: str, vocab_size: int | None
         if why and echo is not None:
             echo(why)
     if mode == "chars":
-        return BPETokenizer.train_chars(lines, size, special_tokens=special_tokens)
-    floor = 256 + len(special_tokens)  # every byte, plus the special tokens
-    if size < floor:
-        raise UserError(f"--vocab_size {size} is too small for byte-level BPE: it needs at "
-                        f"least {floor} (256 bytes + {len(special_tokens)} special)")
-    return BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)
+        fitted = BPETokenizer.train_chars(lines, size, special_tokens=special_tokens)
+    else:
+        floor = 256 + len(special_tokens)  # every byte, plus the special tokens
+        if size < floor:
+            raise UserError(f"--vocab_size {size} is too small for byte-level BPE: it needs at "
+                            f"least {floor} (256 bytes + {len(special_tokens)} special)")
+        fitted = BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)
+    if fitted.vocab_size < size and echo is not None:  # the text ran out of pairs to merge
+        echo(f"note: BPE learned {fitted.vocab_size:,} entries, not {size:,}: by then every "
+             f"word of the text was one entry (a small text)")
+    return fitted
