@@ -198,3 +198,19 @@ def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_p
     assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
                  "skip"]) == 0
     assert "1 document(s) of 2 file(s)" in capsys.readouterr().out
+
+
+def test_a_file_read_twice_is_refused(tmp_path):
+    """Given twice (or in a folder given too), a file's text would be in both splits."""
+    from minitransformer.data.sources import source_files
+    from minitransformer.errors import UserError
+
+    (tmp_path / "notes").mkdir()
+    a = tmp_path / "notes" / "a.txt"
+    a.write_text("some text\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("other text\n", encoding="utf-8")
+    assert source_files([str(a), str(tmp_path / "b.txt")]) == [a, tmp_path / "b.txt"]
+    for sources in ([str(a), str(a)], [str(tmp_path / "notes"), str(a)],
+                    [str(a), str(tmp_path / "notes" / "*.txt")]):
+        with pytest.raises(UserError, match="a.txt twice"):
+            source_files(sources)

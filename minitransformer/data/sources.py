@@ -60,6 +60,12 @@ def source_files(sources: list[str]) -> list[Path]:
             files += [p for p in found if p.is_file()]
         else:
             files.append(corpus_path(source))  # a missing file is a UserError there
+    seen: dict[Path, Path] = {}
+    for path in files:  # twice in the text, a file would be in both splits
+        if (key := path.resolve()) in seen:
+            raise UserError(f"--data reads {path} twice (a source given twice, or a file and a "
+                            f"folder or glob that holds it): give each file once")
+        seen[key] = path
     return files
 
 
