@@ -341,10 +341,6 @@ class TrainConfig:
         for name in ("min_lr", "warmup_iters", "weight_decay", "grad_clip", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.min_lr > self.learning_rate:
-            raise ConfigError(f"min_lr {self.min_lr:g} is above learning_rate "
-                              f"{self.learning_rate:g}: the decay would raise the rate; give "
-                              f"--min_lr at most {self.learning_rate:g}")
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"seed must be from 0 to 2**63 - 1, got {self.seed}")
         for name in ("beta1", "beta2", "muon_momentum"):

@@ -93,7 +93,7 @@ BAD_FLAGS = {
     "cuda without cuda": (["--device", "cuda"], ["cuda"]),
     "bad duration": (["--time_budget", "soon"], ["duration"]),
     "a decay that rises": (["--learning_rate", "1e-3", "--min_lr", "1e-2"],
-                           ["min_lr 0.01 is above learning_rate 0.001"]),
+                           ["--min_lr 0.01 is above the learning rate 0.001"]),
     "a BPE size for characters": (["--vocab_size", "500"], ["--vocab_size", "--tokenizer bpe"]),
 }
 
@@ -125,9 +125,11 @@ def test_a_run_inside_another_run_or_over_its_own_start_is_refused(run_dir, tmp_
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
-    for out in (copy / "checkpoints", copy / "checkpoints" / "new"):
-        check_user_error(capsys, ["train", "--data", "shakespeare", "--out", out, *TINY],
-                         "lies inside the run")
+    newest = sorted((copy / "checkpoints").iterdir())[-1]
+    for out in (copy / "checkpoints", copy / "checkpoints" / "new", newest):
+        for extra in ([], ["--force"], ["--resume"]):
+            check_user_error(capsys, ["train", "--data", "shakespeare", "--out", out, *TINY,
+                                      *extra], "lies inside a run")
     check_user_error(capsys, ["train", "--init_from", copy, "--data", "shakespeare", "--out",
                               copy, "--force", *TINY], "is the --init_from folder")
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
@@ -317,3 +319,23 @@ def test_messages_name_what_was_given(run_dir, tmp_path, capsys):
                      "empty.txt is empty", "holds no text")
     assert main(["prepare", "--data", str(f["ok.txt"]), "--out", str(tmp_path / "dd")]) == 0
     check_user_error(capsys, ["sample", tmp_path / "dd"], "holds prepared data, not a model")
+
+
+def test_a_preset_min_lr_above_a_given_learning_rate_follows_it_down(tmp_path, capsys):
+    """--learning_rate 1e-4 under debug's min_lr of 3e-4: the decay would rise, so min_lr
+    goes to a tenth of the rate, said in a note (a --min_lr given above it is an error)."""
+    import json
+
+    f = files(tmp_path)
+    out = tmp_path / "o"
+    assert main([str(a) for a in ["train", "--data", f["ok.txt"], "--out", out, *TINY,
+                                  "--learning_rate", "1e-4"]]) == 0
+    assert "note: min_lr 0.0003 is above --learning_rate 0.0001: the rate decays to 1e-05" \
+        in capsys.readouterr().out
+    meta = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    assert meta["train"]["learning_rate"] == 1e-4 and meta["train"]["min_lr"] == 1e-5
+    meta["train"]["min_lr"] = 1e-3  # a run written before: still evaluates and resumes
+    for folder in (out, *(out / "checkpoints").iterdir()):
+        (folder / "config.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert main(["evaluate", str(out), "--eval_iters", "1"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--max_iters", "6", "--quiet"]) == 0

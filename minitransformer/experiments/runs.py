@@ -99,7 +99,23 @@ def _check_char_vocabulary(family: Family, req) -> None:
                         "one id per character of the text (add --tokenizer bpe)")
 
 
-def _train_config(fields: dict) -> TrainConfig:
+def decay_floor(fields: dict, given: dict, echo=print) -> dict:
+    """``fields`` with a min_lr the decay can reach: a --min_lr above the learning rate is an
+    error; a preset's (or a resumed run's) above a --learning_rate given below it follows it
+    down to a tenth of it (nanoGPT's ratio), said through ``echo``."""
+    lr, floor = fields.get("learning_rate"), fields.get("min_lr")
+    if lr is None or floor is None or floor <= lr:
+        return fields
+    if "min_lr" in given:
+        raise UserError(f"--min_lr {floor:g} is above the learning rate {lr:g}: the decay "
+                        f"would raise the rate")
+    echo(f"note: min_lr {floor:g} is above --learning_rate {lr:g}: the rate decays to "
+         f"{lr / 10:g} instead (a tenth; --min_lr sets another)")
+    return {**fields, "min_lr": lr / 10}
+
+
+def _train_config(fields: dict, given: dict | None = None, echo=print) -> TrainConfig:
+    fields = decay_floor(fields, given or {}, echo)
     try:
         return config_from_dict(TrainConfig, fields)
     except ConfigError as e:
@@ -122,9 +138,9 @@ def new_run(req: TrainRequest, echo=print):
     base = family.preset(req.preset)
     _note_kept_width(req.preset or family.default_preset, base, req.fields, echo)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
-    train_cfg = _train_config(train_f)
     sized = family.can_autosize and req.preset is None \
         and req.fields.get("time_budget") is not None  # "--time_budget none": max_iters decides
+    train_cfg = _train_config(train_f, req.fields, (lambda _: None) if sized else echo)
     if not sized:  # the sizes are known: a setting that cannot work fails before the data
         family.check_fields(model_f)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
@@ -137,7 +153,7 @@ def new_run(req: TrainRequest, echo=print):
                                    prepared.tokenizer.vocab_size, given_model, given_train,
                                    echo=echo)
         model_f, train_f = split_for(family, {**sized, **req.fields})
-        train_cfg = _train_config(train_f)
+        train_cfg = _train_config(train_f, req.fields, echo)
     torch.manual_seed(train_cfg.seed)
     built = family.build(prepared, model_f, train_cfg.seed)
     built.meta["preset"] = req.preset or ("autosize" if sized else family.default_preset)
@@ -169,7 +185,8 @@ def pretrained_run(req: TrainRequest, echo=print):
                         f"drop the flag")
     model_f, train_f = split_for(family, req.fields)
     preset = req.preset or "finetune"
-    train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f})
+    train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f},
+                              req.fields, echo)
     data = req.data or source.meta.get("data", {}).get("source") or family.default_data
     meta = source.meta if source.kind == "run" else {}
     try:
@@ -230,7 +247,10 @@ def resumed_run(req: TrainRequest):
     prepared = family.reopen(meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)
-    train_cfg = train_config(meta, train_f)
+    merged = {**(meta.get("train") if isinstance(meta.get("train"), dict) else {}), **train_f}
+    fixed = decay_floor(merged, req.fields, lambda _: None)  # resume_notes says the change
+    train_cfg = train_config(meta, train_f if fixed is merged else
+                             {**train_f, "min_lr": fixed["min_lr"]})
     try:
         built = family.build(prepared, saved, train_cfg.seed)
     except (KeyError, TypeError) as e:

@@ -83,8 +83,9 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
                         f"folder of its own (train reads prepared data with --data "
                         f"{out_dir})")
     inside = ckpt.run_containing(out_dir)
-    if inside is not None and inside != out_dir.resolve():  # RUN/checkpoints(/...)
-        raise UserError(f"--out {out_dir} lies inside the run {inside}; give the new run a "
+    if inside is not None and (inside != out_dir.resolve()  # RUN/checkpoints(/...)
+                               or inside.parent.name == ckpt.CHECKPOINTS):  # RUN/checkpoints/step_N
+        raise UserError(f"--out {out_dir} lies inside a run ({inside}); give the new run a "
                         f"folder of its own")
     has_run = ckpt.holds_run(out_dir)
     if resume and force:
