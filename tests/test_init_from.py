@@ -379,3 +379,10 @@ def test_prepare_with_the_tokenizer_of_a_folder_to_fine_tune_from(gpt2, corpus, 
                      "--tokenizer_from", str(folder), *flags]) == 2
         assert words in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
+    mixed = tmp_path / "mixed"  # a binary file past the first 200,000 characters is found too
+    mixed.mkdir()
+    (mixed / "a.txt").write_text(load_text("shakespeare")[:210_000], encoding="utf-8")
+    (mixed / "z.dat").write_bytes(b"abc\x00def\x00" * 20)
+    assert main(["prepare", "--data", str(mixed), "--out", str(tmp_path / "m"),
+                 "--tokenizer_from", str(folder)]) == 2
+    assert "z.dat looks like a binary file" in capsys.readouterr().err

@@ -192,25 +192,37 @@ def test_prepare_never_writes_into_a_training_run(tmp_path, tiny_corpus, capsys,
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize("held", ["tokenizer.json", "tokens.bin", "notes.txt"])
+@pytest.mark.parametrize("held", [("tokenizer.json",), ("notes.txt",),
+                                  ("tokens.bin", "notes.txt")])
 def test_prepare_never_writes_into_a_folder_of_other_files(tmp_path, tiny_corpus, capsys,
                                                             held):
     """A user's own tokenizer.json, a stray tokens.bin, the text folder itself: a folder
-    with files but no prepared data is not prepare's to fill, --force or not; a folder that
-    holds only a stopped prepare's files is."""
+    with files but no prepared data is not prepare's to fill, --force or not."""
     out = tmp_path / "mine"
     out.mkdir()
-    (out / held).write_text("the user's own\n", encoding="utf-8")
+    for name in held:
+        (out / name).write_text("the user's own\n", encoding="utf-8")
     for force in ([], ["--force"]):
         assert main(["prepare", "--data", str(tiny_corpus), "--out", str(out), *force]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "not prepared data" in err, err
-    assert [p.name for p in out.iterdir()] == [held]
-    assert (out / held).read_text(encoding="utf-8") == "the user's own\n"
-    assert main(["prepare", "--data", str(out), "--out", str(out)]) == 2  # its own source
-    stopped = tmp_path / "stopped"
-    (stopped / ".partial").mkdir(parents=True)
-    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(stopped)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(held)
+    assert all((out / n).read_text(encoding="utf-8") == "the user's own\n" for n in held)
+    if "notes.txt" in held:
+        assert main(["prepare", "--data", str(out), "--out", str(out)]) == 2  # its own source
+
+
+@pytest.mark.parametrize("left", [(".partial",), (".partial", "tokens.bin"),
+                                  ("tokens.bin", "tokenizer.json")])
+def test_prepare_starts_over_where_a_stopped_prepare_left_its_files(tmp_path, tiny_corpus,
+                                                                    left):
+    """What a prepare killed before its manifest leaves: the same command runs again."""
+    out = tmp_path / "stopped"
+    out.mkdir()
+    for name in left:
+        (out / name).mkdir() if name == ".partial" else (out / name).write_bytes(b"\x00\x01")
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(out)]) == 0
+    assert (out / MANIFEST).is_file() and not (out / ".partial").exists()
 
 
 def test_bpe_flags_on_a_char_prepare_are_refused(tmp_path, tiny_corpus, capsys):

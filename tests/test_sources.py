@@ -189,15 +189,16 @@ def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_p
     (folder / "img").mkdir(parents=True)
     (folder / "a.txt").write_text("hello world text\n" * 50, encoding="utf-8")
     (folder / "img" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 20)
+    (folder / "img" / "z.dat").write_bytes(b"abc\x00def\x00" * 20)  # binary, yet valid UTF-8
     for errors in ("strict", "replace"):
         err = _prepare_fails(folder, capsys, tmp_path, "--errors", errors)
-        assert "logo.png looks like a binary file" in err and "--data 'FOLDER/**/*.txt'" in err
+        assert "logo.png looks like a binary file" in err and "leave it out of --data" in err
     assert main(["train", "--data", str(folder), "--out", str(tmp_path / "run"), "--preset",
                  "debug", "--max_iters", "1", "--quiet"]) == 2
     assert "logo.png looks like a binary file" in capsys.readouterr().err
     assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
                  "skip"]) == 0
-    assert "1 document(s) of 2 file(s)" in capsys.readouterr().out
+    assert "1 document(s) of 3 file(s)" in capsys.readouterr().out
 
 
 def test_a_file_read_twice_is_refused(tmp_path):
@@ -214,3 +215,24 @@ def test_a_file_read_twice_is_refused(tmp_path):
                     [str(a), str(tmp_path / "notes" / "*.txt")]):
         with pytest.raises(UserError, match="a.txt twice"):
             source_files(sources)
+
+
+def test_a_run_whose_folder_no_longer_reads_a_file_says_so(tmp_path, capsys):
+    """A run recorded before folders skipped hidden files read notes/.drafts/a.txt; it is
+    there, so the message says the folder no longer reads it, not that it is gone."""
+    import json
+
+    notes = tmp_path / "notes"
+    (notes / ".drafts").mkdir(parents=True)
+    (notes / "b.txt").write_text("some notes to read\n" * 40, encoding="utf-8")
+    (notes / ".drafts" / "a.txt").write_text("a hidden draft\n" * 40, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(notes), "--out", str(run), "--preset", "debug",
+                 "--max_iters", "1", "--quiet", "--time_budget", "none"]) == 0
+    meta = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    hidden = str((notes / ".drafts" / "a.txt").resolve())
+    meta["data"]["sources"].insert(0, {**meta["data"]["sources"][0], "path": hidden})
+    (run / "config.json").write_text(json.dumps(meta), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--eval_iters", "1"]) == 2
+    assert f"trained on {hidden}, which its folder no longer reads" in capsys.readouterr().err

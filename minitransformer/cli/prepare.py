@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.cache import clear_cache
-from ..data.shards import MANIFEST, PARTIAL
+from ..data.shards import MANIFEST, PARTIAL, TOKENIZER, TOKENS
 from ..errors import UserError
 from ..families import FAMILIES, get_family
 from ..families.pretrained import read_tokenizer_source
@@ -84,8 +84,7 @@ def cmd_prepare(args) -> int:
                         f"prepare a folder of its own (--force does not change this)")
     if (out / MANIFEST).exists() and not args.force:
         raise UserError(f"{out} already holds prepared data; pass --force to replace it")
-    if out.is_dir() and not (out / MANIFEST).exists() and \
-            any(p.name != PARTIAL for p in out.iterdir()):  # PARTIAL: a stopped prepare's
+    if out.is_dir() and not (out / MANIFEST).exists() and not stopped_prepare(out):
         raise UserError(f"--out {out} already holds files that are not prepared data, which "
                         f"prepare could replace; give it a new or empty folder (--force does "
                         f"not change this)")
@@ -103,6 +102,14 @@ def cmd_prepare(args) -> int:
                        bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6,
                        tokenizer=tokenizer)
     return 0
+
+
+def stopped_prepare(out: Path) -> bool:
+    """Whether ``out`` is empty or holds only what a stopped prepare leaves (its PARTIAL
+    folder, or tokens.bin and tokenizer.json before the manifest that ends a prepare): a
+    folder prepare may write into. A tokenizer.json alone is someone's own."""
+    names = {p.name for p in out.iterdir()}
+    return names <= {PARTIAL, TOKENS, TOKENIZER} and names != {TOKENIZER}
 
 
 def tokenizer_from(args):

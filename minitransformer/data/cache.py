@@ -292,13 +292,21 @@ def check_sources(data: dict, sources: list[str]) -> None:
     if not recorded:
         return  # a run from before fingerprints were recorded
     try:
-        now = fingerprint(source_files(sources))
+        files = source_files(sources)
     except UserError:
+        if all(Path(s).exists() or s in BUNDLED for s in sources):  # there, but not readable
+            raise
         raise UserError(f"this run was trained on {', '.join(sources)}, which is not there "
                         f"any more (moved?); pass --data to point at it") from None
+    now = fingerprint(files)
     old_paths = [r.get("path") for r in recorded]
     for path in old_paths:
         if path not in {n["path"] for n in now}:
+            if path and Path(path).is_file():  # there, but a folder no longer reads it
+                raise UserError(f"this run was trained on {path}, which its folder no longer "
+                                f"reads (hidden files and the runs, models and prepared data "
+                                f"inside a folder are skipped); pass --data naming the files "
+                                f"it was trained on")
             raise UserError(f"this run was trained on {path}, which is not there any more; "
                             f"pass --data to point at it")
     for old, new in zip(recorded, now, strict=False):

@@ -71,7 +71,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                                     DEFAULT_BPE_SAMPLE if bpe_sample is None else bpe_sample,
                                     total, echo)
     else:
-        fitted, head = tokenizer, text_head(files, read)
+        fitted, head = tokenizer, text_head(files, read, total)
     spec, route = choose_encoder(encoder_spec(fitted), head[:PROBE_CHARS])
     separator = bpe_separator if fitted.kind != "char" else CHAR_SEPARATOR
     workers = default_workers() if workers is None else max(1, workers)
@@ -97,15 +97,18 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     return manifest
 
 
-def text_head(files, read: dict) -> str:
-    """The first ``PROBE_CHARS`` characters of the sources (what ``choose_encoder`` probes)."""
+def text_head(files, read: dict, total_bytes: int) -> str:
+    """The first ``PROBE_CHARS`` characters of the sources (what ``choose_encoder`` probes),
+    after a pass over all of them, as fitting makes: its checks (a binary file, undecodable
+    bytes) are what lets the encoding pass read UTF-8 files as raw bytes."""
     head: list[str] = []
     size = 0
-    for _, text, _ in blocks(files, **read):
-        head.append(text)
-        size += len(text)
-        if size >= PROBE_CHARS:
-            break
+    with _bar(total_bytes, "read") as bar:
+        for _, text, n in blocks(files, **read):
+            bar.update(n)
+            if size < PROBE_CHARS:
+                head.append(text)
+                size += len(text)
     return "".join(head)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .sources import has_records, read_documents
-from .text import refuse_binary, refuse_compressed, wide_encoding
+from .text import looks_binary, refuse_binary, refuse_compressed, wide_encoding
 
 BLOCK_BYTES = 1 << 20
 def is_text_file(path: Path) -> bool:
@@ -77,9 +77,16 @@ def _decodes(path: Path, encoding: str) -> bool:
     return True
 
 
+def _binary(path: Path, encoding: str) -> bool:
+    """Whether ``path`` ``looks_binary`` (never for UTF-16 or UTF-32 text, which holds NULs)."""
+    if wide_encoding(encoding):
+        return False
+    return looks_binary(next(iter(_raw_blocks(path)), b""))
+
+
 def _text_blocks(path: Path, encoding: str, errors: str) -> Iterator[tuple[bool, str, int]]:
     refuse_compressed(path)
-    if errors == "skip" and not _decodes(path, encoding):
+    if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
         return
     decoder, offset, first = _decoder(encoding, errors), 0, True
     wide = wide_encoding(encoding)
@@ -112,7 +119,7 @@ def byte_blocks(files: list[Path], text_field: str = "text", encoding: str = "ut
     raw_ok = errors in ("strict", "skip") and _codec(encoding) == "utf-8"
     for path in files:
         if raw_ok and is_text_file(path):
-            if errors == "skip" and not _decodes(path, encoding):
+            if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
                 continue
             first = True
             for raw in _with_end(_raw_blocks(path)):

@@ -23,7 +23,14 @@ from pathlib import Path
 
 from ..errors import UserError
 from .tables import arrow_rows, dataset_files, is_dataset_folder, parquet_rows
-from .text import BUNDLED, corpus_path, refuse_binary, refuse_compressed, wide_encoding
+from .text import (
+    BUNDLED,
+    corpus_path,
+    looks_binary,
+    refuse_binary,
+    refuse_compressed,
+    wide_encoding,
+)
 
 TABLES = {".parquet": parquet_rows, ".arrow": arrow_rows}  # suffix -> rows of (text, where)
 
@@ -63,8 +70,9 @@ def source_files(sources: list[str]) -> list[Path]:
     seen: dict[Path, Path] = {}
     for path in files:  # twice in the text, a file would be in both splits
         if (key := path.resolve()) in seen:
-            raise UserError(f"--data reads {path} twice (a source given twice, or a file and a "
-                            f"folder or glob that holds it): give each file once")
+            raise UserError(f"--data reads {path} twice (a source given twice, a file and a "
+                            f"folder or glob that holds it, or a link to it): give each file "
+                            f"once")
         seen[key] = path
     return files
 
@@ -143,7 +151,9 @@ def read_documents(files: list[Path], text_field: str = "text", encoding: str = 
             continue
         try:
             raw = path.read_bytes()
-            if errors != "skip" and not wide_encoding(encoding):
+            if not wide_encoding(encoding):
+                if errors == "skip" and looks_binary(raw):
+                    continue
                 refuse_binary(path, raw)  # --errors replace would make text of an image
             text = raw.decode(encoding, errors="replace" if errors == "replace" else "strict")
         except OSError as e:

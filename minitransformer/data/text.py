@@ -64,14 +64,18 @@ def wide_encoding(encoding: str) -> bool:
         return False
 
 
+def looks_binary(raw: bytes) -> bool:
+    """Whether bytes have a NUL in their first 64 KiB (an image, an archive, a model's
+    weights): text in a one-byte or UTF-8 encoding never holds one."""
+    return b"\x00" in raw[:65536]
+
+
 def refuse_binary(source, raw: bytes) -> None:
-    """A UserError for bytes with a NUL in their first 64 KiB (an image, an archive, a
-    model's weights): text in a one-byte or UTF-8 encoding never holds one."""
-    if b"\x00" not in raw[:65536]:
+    """A UserError for bytes that ``looks_binary``."""
+    if not looks_binary(raw):
         return
     hint = " (UTF-16 text? pass --encoding utf-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") \
-        else "; name the text files with a glob, e.g. --data 'FOLDER/**/*.txt'" \
-        if Path(source).parent != Path(".") else ""
+        else "; leave it out of --data (a glob such as 'FOLDER/**/*.txt' names only the text)"
     raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text{hint}")
 
 
