@@ -107,8 +107,9 @@ def test_aliases_people_bring_from_other_tools():
      ["did you mean: --n_embd 256, --n_head 4?"]),
     (["train", "--out", "o", "--context-mode", "roll"],  # another command's flag
      ["--context-mode is a flag of sample, not of train"]),
-    (["sample", "d", "--beam", "4", "--top=3"],
-     ["--beam is a flag of translate and evaluate, not of sample; --top is a flag of fill"]),
+    (["sample", "d", "--beam", "4", "--top=3", "--bogus", "1"],
+     ["--beam is a flag of translate and evaluate, not of sample; --top is a flag of fill",
+      "; unrecognized: --bogus"]),
 ])
 def test_argparse_errors_are_one_line_with_a_pointer_to_help(argv, words, capsys):
     assert main(argv) == 2

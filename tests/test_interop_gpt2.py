@@ -142,6 +142,14 @@ def test_pytorch_bin_is_read_without_unpickling_code(gpt2, tmp_path):
     line = str(refused.value)  # short and plain, naming what it refused, no unsafe advice
     assert "system)" in line and "weights_only" not in line and "\x1b" not in line
     assert "\n" not in line and len(line) < 300
+    (folder / "pytorch_model.bin").write_text(  # a clone without its LFS files
+        "version https://git-lfs.github.com/spec/v1\noid sha256:ab12\nsize 500000000\n")
+    with pytest.raises(UserError, match="is a Git LFS pointer, not the weights"):
+        load_hf(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02garbage")  # damaged: no objects named
+    with pytest.raises(UserError, match=r"as plain tensors \(UnpicklingError") as refused:
+        load_hf(folder)
+    assert "other objects" not in str(refused.value)
 
 
 def test_load_hf_errors_are_user_errors(tmp_path):

@@ -266,7 +266,7 @@ class Parser(argparse.ArgumentParser):
     def _other_commands_flags(self, extra: list[str], command: str) -> str:
         """'--context_mode is a flag of sample, not of train' for flags given to a command
         that another command takes; '' when none is."""
-        notes = []
+        notes, unknown = [], []
         for word in (w for w in extra if w.startswith("--")):
             name = word.split("=")[0]
             spellings = {name, "--" + name[2:].replace("-", "_")}
@@ -275,6 +275,10 @@ class Parser(argparse.ArgumentParser):
             if owners:
                 them = " and ".join([", ".join(owners[:-1]), owners[-1]] if owners[:-1] else owners)
                 notes.append(f"{name} is a flag of {them}, not of {command}")
+            else:
+                unknown.append(name)
+        if notes and unknown:
+            notes.append(f"unrecognized: {' '.join(unknown)}")
         return "; ".join(notes)
 
     def words_dest(self) -> str | None:

@@ -59,13 +59,17 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu",
                                  weights_only=True)
-        except pickle.UnpicklingError as e:  # an object the safe loader will not build
-            found = re.search(r"GLOBAL ([\w.]+)", str(e))
-            what = f" ({found.group(1)})" if found else ""
-            raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors: it "
-                            f"holds other objects{what}, which are never unpickled; convert "
-                            f"it to model.safetensors where it comes from") from None
         except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
+            if isinstance(e, pickle.UnpicklingError) and \
+                    (found := re.search(r"GLOBAL ([\w.]+)", str(e))):  # not a plain tensor
+                raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors: "
+                                f"it holds other objects ({found.group(1)}), which are never "
+                                f"unpickled; convert it to model.safetensors where it comes "
+                                f"from") from None
+            with open(folder / "pytorch_model.bin", "rb") as f:
+                if f.read(40).startswith(b"version https://git-lfs"):
+                    raise UserError(f"{folder / 'pytorch_model.bin'} is a Git LFS pointer, not "
+                                    f"the weights: fetch them (git lfs pull)") from None
             reason = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
             raise UserError(f"cannot read {folder / 'pytorch_model.bin'} as plain tensors "
                             f"({type(e).__name__}: {reason[0] if reason else ''})") from None

@@ -100,6 +100,6 @@ def fit_bpe_lines(kind: str, lines: list[str], head: str, vocab_size: int | None
                             f"least {floor} (256 bytes + {len(special_tokens)} special)")
         fitted = BPETokenizer.train(lines, size, special_tokens=special_tokens, byte_level=True)
     if fitted.vocab_size < size and echo is not None:  # the text ran out of pairs to merge
-        echo(f"note: BPE learned {fitted.vocab_size:,} entries, not {size:,}: by then every "
-             f"word of the text was one entry (a small text)")
+        echo(f"note: BPE learned {fitted.vocab_size:,} entries, not {size:,}: by then no pair "
+             f"of entries occurred twice in the text (a small text)")
     return fitted
