@@ -90,17 +90,22 @@ def gpt2_run(tmp_path_factory, gpt2, corpus):
     return out, args
 
 
-def test_gpt2_run_starts_at_transformers_loss_and_falls(gpt2, gpt2_run, corpus):
-    hf, folder = gpt2
-    out, _ = gpt2_run
-    # the trainer's first batch, drawn the way it draws it
+def transformers_first_loss(hf, folder, corpus, out) -> float:
+    """transformers' loss on the trainer's first batch of a run from ``folder`` (block_size
+    32, batch 8), the batch drawn the way the trainer draws it."""
     _, _, built, cfg = new_run(TrainRequest(out=out, init_from=str(folder), data=str(corpus),
                                             fields={"block_size": 32, "batch_size": 8}),
                                echo=lambda line: None)
     x, y = built.task.batch("train", cfg.batch_size, torch.Generator().manual_seed(cfg.seed))
     with torch.no_grad():
         logits = hf(x).logits  # (B, T, V)
-    ref = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+
+
+def test_gpt2_run_starts_at_transformers_loss_and_falls(gpt2, gpt2_run, corpus):
+    hf, folder = gpt2
+    out, _ = gpt2_run
+    ref = transformers_first_loss(hf, folder, corpus, out)
     assert ref > 6.5  # far from uniform (ln V = 5.8): the weights matter
     rows = read_log(out)
     train = [float(r["train_loss"]) for r in rows if r["train_loss"]]
@@ -333,13 +338,7 @@ def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path)
                  "--dtype", "float32", "--dropout", "0", "--block_size", "32", "--max_iters",
                  "2", "--log_interval", "1", "--eval_interval", "2", "--batch_size", "8",
                  *QUICK]) == 0
-    _, _, built, cfg = new_run(TrainRequest(out=out, init_from=str(folder), data=str(corpus),
-                                            fields={"block_size": 32, "batch_size": 8}),
-                               echo=lambda line: None)
-    x, y = built.task.batch("train", cfg.batch_size, torch.Generator().manual_seed(cfg.seed))
-    with torch.no_grad():
-        logits = hf(x).logits  # (B, T, V)
-    ref = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+    ref = transformers_first_loss(hf, folder, corpus, out)
     first = float(next(r["train_loss"] for r in read_log(out) if r["train_loss"]))
     assert first == pytest.approx(ref, rel=1e-4, abs=1e-4)
     assert main(["export", str(out), "--hf", str(tmp_path / "back")]) == 0

@@ -173,6 +173,15 @@ def run_containing(path) -> Path | None:
     return None
 
 
+def run_around(path) -> Path | None:
+    """The run that ``path`` lies inside (its checkpoints/, or a checkpoint folder in it);
+    None for a run folder itself or any other path."""
+    inside = run_containing(path)
+    if inside is not None and inside.parent.name == CHECKPOINTS:  # a checkpoint folder
+        return inside.parent.parent
+    return inside if inside != Path(path).resolve() else None
+
+
 def list_checkpoints(out_dir: Path) -> list[Path]:
     """Complete checkpoint folders, oldest first."""
     root = Path(out_dir) / CHECKPOINTS

@@ -82,9 +82,7 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
         raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
                         f"folder of its own (train reads prepared data with --data "
                         f"{out_dir})")
-    inside = ckpt.run_containing(out_dir)
-    if inside is not None and (inside != out_dir.resolve()  # RUN/checkpoints(/...)
-                               or inside.parent.name == ckpt.CHECKPOINTS):  # RUN/checkpoints/step_N
+    if (inside := ckpt.run_around(out_dir)) is not None:
         raise UserError(f"--out {out_dir} lies inside a run ({inside}); give the new run a "
                         f"folder of its own")
     has_run = ckpt.holds_run(out_dir)
