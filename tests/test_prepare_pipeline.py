@@ -136,7 +136,7 @@ def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypa
 def _prepare(args):
     source, out = args
     prepare_corpus([source], out, "bpe-bytes", 300, special_tokens=GPT_SPECIALS, workers=2,
-                   echo=lambda _: None)
+                   echo=lambda _: None, newline="normalize")  # as the command reads it
 
 
 def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tmp_path,
@@ -266,3 +266,35 @@ def test_train_on_prepared_data_refuses_another_vocabulary_size(tmp_path, tiny_c
     size = load_tokenizer(data / TOKENIZER).vocab_size  # its own size is no contradiction
     assert main(["train", "--data", str(data), "--out", str(run), "--preset", "debug",
                  "--vocab_size", str(size), "--max_iters", "1", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe-bytes"])
+def test_prepare_reads_windows_line_ends_as_train_does(tmp_path, monkeypatch, kind):
+    """CRLF and lone CR read as LF by prepare, streamed a few bytes at a time (a CRLF cut
+    between two blocks too), equal train's cache of the same files, id for id; --newline keep
+    keeps them."""
+    from minitransformer.data.cache import prepare_cached
+    from minitransformer.families import FAMILIES
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"First line\r\nsecond, \xc3\xa9t\xc3\xa9\r\n\r\nthird\r" * 30)
+    (folder / "b.txt").write_bytes(b"plain\nlines\n" * 30 + b"last\r")
+    (folder / "c.jsonl").write_text('{"text": "a record\\r\\nwith CRLF"}\n', encoding="utf-8")
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 5)
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "cache"))
+    extra = ["--vocab_size", "300"] if kind != "char" else []
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--data", str(folder), "--out", str(out), "--tokenizer", kind,
+                 "--workers", "1", *extra]) == 0
+    cached = prepare_cached([str(folder)], FAMILIES["gpt"].cache_family(), kind,
+                            300 if kind != "char" else None, echo=lambda line: None)
+    assert (out / TOKENS).read_bytes() == (cached.folder / TOKENS).read_bytes()
+    assert "\r" not in load_tokenizer(out / TOKENIZER).decode(
+        np.fromfile(out / TOKENS, dtype=np.uint16).tolist())
+    kept = tmp_path / "kept"
+    assert main(["prepare", "--data", str(folder), "--out", str(kept), "--tokenizer", kind,
+                 "--workers", "1", "--newline", "keep", *extra]) == 0
+    text = load_tokenizer(kept / TOKENIZER).decode(np.fromfile(kept / TOKENS,
+                                                               dtype=np.uint16).tolist())
+    assert text.count("\r") == 4 * 30 + 1 + 1  # every CR of the three files, kept

@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--val_fraction", type=float, default=0.1,
                    help="the share of tokens at the end that is the val split (default 0.1)")
     p.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
+    p.add_argument("--newline", choices=["normalize", "keep"], default="normalize",
+                   help="Windows (CRLF) and old Mac (CR) line ends: read as \\n, as train "
+                        "--data FILE reads them (normalize, the default), or kept as they are")
     p.add_argument("--errors", choices=["strict", "replace", "skip"], default="strict",
                    help="undecodable bytes: stop (strict), replace them, or skip the file "
                         "(default strict)")
@@ -100,7 +103,7 @@ def cmd_prepare(args) -> int:
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
                        bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6,
-                       tokenizer=tokenizer)
+                       tokenizer=tokenizer, newline=args.newline)
     return 0
 
 

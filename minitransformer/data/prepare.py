@@ -51,18 +51,22 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    special_tokens: tuple[str, ...] = (), bpe_separator: str = "\n\n",
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
                    errors: str = "strict", echo=print, workers: int | None = None,
-                   bpe_sample: int | None = None, tokenizer=None) -> dict:
+                   bpe_sample: int | None = None, tokenizer=None,
+                   newline: str = "keep") -> dict:
     """Fit the tokenizer on the sources (with the family's ``special_tokens``; documents
     apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``.
 
     ``workers``: BPE encoding processes (default: the CPUs, at most 8; characters are looked
     up in this process, cheaper than sending them to another: 54 against 32 MB/s here);
     ``bpe_sample``: bytes of text BPE is trained on (default 16 MB); ``tokenizer``: encode
-    with this one (a run's, a pretrained folder's) instead of fitting one."""
+    with this one (a run's, a pretrained folder's) instead of fitting one; ``newline``:
+    "normalize" reads CRLF and CR line ends as "\\n", as ``train --data FILE`` does (the
+    ``prepare`` command's default), "keep" leaves them."""
     check_val_fraction(val_fraction)
     files = source_files(sources)
     check_text_field(files, text_field)
-    read = {"text_field": text_field, "encoding": encoding, "errors": errors}
+    read = {"text_field": text_field, "encoding": encoding, "errors": errors,
+            "newline": newline}
     total = sum(p.stat().st_size for p in files)
     prints, start = fingerprint(files), time.perf_counter()
     fit = tokenizer is None

@@ -8,6 +8,10 @@ place of bytes that do not decode. Every other kind of source (JSONL, and whatev
 ``sources.read_documents`` reads by rows) comes from ``read_documents``, one document a
 block: those documents are records, small by nature.
 
+Line ends: ``newline="normalize"`` reads Windows (CRLF) and old Mac (CR) line ends as "\\n",
+as ``train`` reads a file (``text.normalize_newlines``), a CR at a block's end held back until
+the next block shows whether an LF follows; ``"keep"`` leaves them.
+
 ``lines`` turns the blocks into the lines of the documents joined by "\\n", the same lines
 ``fit_tokenizer`` trains BPE on when given the whole text, and ``sample_lines`` keeps an
 evenly spread share of them.
@@ -21,7 +25,13 @@ from pathlib import Path
 
 from ..errors import UserError
 from .sources import has_records, read_documents
-from .text import looks_binary, refuse_binary, refuse_compressed, wide_encoding
+from .text import (
+    looks_binary,
+    normalize_newlines,
+    refuse_binary,
+    refuse_compressed,
+    wide_encoding,
+)
 
 BLOCK_BYTES = 1 << 20
 def is_text_file(path: Path) -> bool:
@@ -30,17 +40,17 @@ def is_text_file(path: Path) -> bool:
 
 
 def blocks(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
-           errors: str = "strict") -> Iterator[tuple[bool, str, int]]:
+           errors: str = "strict", newline: str = "keep") -> Iterator[tuple[bool, str, int]]:
     """(starts a document, text, bytes of the source it stands for) over all ``files``."""
     for path in files:
         if is_text_file(path):
-            yield from _text_blocks(path, encoding, errors)
+            yield from _text_blocks(path, encoding, errors, newline)
             continue
         done = 0
         for doc in read_documents([path], text_field, encoding, errors):
             size = len(doc.text)  # about its bytes, for the progress bar
             done += size
-            yield True, doc.text, size
+            yield True, normalize_newlines(doc.text, newline)[0], size
         try:
             rest = max(0, path.stat().st_size - done)
         except OSError:
@@ -84,11 +94,22 @@ def _binary(path: Path, encoding: str) -> bool:
     return looks_binary(next(iter(_raw_blocks(path)), b""))
 
 
-def _text_blocks(path: Path, encoding: str, errors: str) -> Iterator[tuple[bool, str, int]]:
+def fold_line_ends(chunk, held, final: bool, cr, lf):
+    """(``held + chunk`` with CRLF and CR read as LF, the CR to hold for the next chunk): a
+    CR at the end of a chunk that is not the last may be half of a CRLF. For str or bytes
+    (UTF-8, whose multi-byte characters never hold the byte CR)."""
+    chunk, held = held + chunk, chunk[:0]
+    if not final and chunk.endswith(cr):
+        chunk, held = chunk[:-1], cr
+    return chunk.replace(cr + lf, lf).replace(cr, lf), held
+
+
+def _text_blocks(path: Path, encoding: str, errors: str,
+                 newline: str = "keep") -> Iterator[tuple[bool, str, int]]:
     refuse_compressed(path)
     if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
         return
-    decoder, offset, first = _decoder(encoding, errors), 0, True
+    decoder, offset, first, held = _decoder(encoding, errors), 0, True, ""
     wide = wide_encoding(encoding)
     for raw in _with_end(_raw_blocks(path)):
         if first and not wide:
@@ -102,6 +123,8 @@ def _text_blocks(path: Path, encoding: str, errors: str) -> Iterator[tuple[bool,
         offset += len(raw)
         if first:
             text = text.removeprefix("\ufeff")
+        if newline == "normalize":
+            text, held = fold_line_ends(text, held, not raw, "\r", "\n")
         if first or text or raw:
             yield first, text, len(raw)
             first = False
@@ -113,7 +136,7 @@ def _with_end(raws: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def byte_blocks(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
-                errors: str = "strict") -> Iterator[tuple[bool, bytes, int]]:
+                errors: str = "strict", newline: str = "keep") -> Iterator[tuple[bool, bytes, int]]:
     """``blocks`` as UTF-8 bytes. A UTF-8 text file read strictly is passed on as read (its
     bytes were checked by the first pass; a BOM is dropped), not decoded and encoded again."""
     raw_ok = errors in ("strict", "skip") and _codec(encoding) == "utf-8"
@@ -121,15 +144,16 @@ def byte_blocks(files: list[Path], text_field: str = "text", encoding: str = "ut
         if raw_ok and is_text_file(path):
             if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
                 continue
-            first = True
+            first, held = True, b""
             for raw in _with_end(_raw_blocks(path)):
-                if first:
-                    raw = raw.removeprefix(b"\xef\xbb\xbf")
-                if first or raw:
-                    yield first, raw, len(raw)
+                data = raw.removeprefix(b"\xef\xbb\xbf") if first else raw
+                if newline == "normalize":
+                    data, held = fold_line_ends(data, held, not raw, b"\r", b"\n")
+                if first or data or raw:
+                    yield first, data, len(raw)
                 first = False
             continue
-        for new_doc, text, size in blocks([path], text_field, encoding, errors):
+        for new_doc, text, size in blocks([path], text_field, encoding, errors, newline):
             yield new_doc, text.encode("utf-8", "surrogatepass"), size
 
 
