@@ -153,6 +153,9 @@ def test_a_folder_skips_hidden_files_and_the_runs_and_prepared_data_inside_it(tm
     saved.mkdir()
     (saved / "config.json").write_text("{}", encoding="utf-8")
     (saved / "model.safetensors").write_bytes(b"\x00" * 8)
+    (notes / "cmp").mkdir()  # what compare writes beside its runs
+    (notes / "cmp" / "results.json").write_text("{}", encoding="utf-8")
+    (notes / "cmp" / "compare.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00")
     (notes / "code").mkdir()  # a config.json alone is text like any other
     (notes / "code" / "config.json").write_text('{\n  "a": 1\n}\n', encoding="utf-8")
     texts = [notes / "a.txt", notes / "code" / "config.json", notes / "sub" / "b.txt"]

@@ -93,11 +93,13 @@ def folder_files(folder: Path) -> list[Path]:
 
 def is_model_folder(folder: Path) -> bool:
     """Whether ``folder`` holds a training run (``checkpoints/step_*``), a saved model
-    (``config.json`` beside ``model.safetensors``) or ``prepare``'s output (``manifest.json``
-    beside ``tokens.bin``)."""
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
-        or (folder / "manifest.json").is_file() and (folder / "tokens.bin").is_file() \
-        or any((folder / "checkpoints").glob("step_*"))
+    (``config.json`` beside ``model.safetensors``), ``prepare``'s output (``manifest.json``
+    beside ``tokens.bin``) or ``compare``'s (``results.json`` beside ``compare.png``)."""
+    def both(a: str, b: str) -> bool:
+        return (folder / a).is_file() and (folder / b).is_file()
+
+    return both("config.json", "model.safetensors") or both("manifest.json", "tokens.bin") \
+        or both("results.json", "compare.png") or any((folder / "checkpoints").glob("step_*"))
 
 
 JSON_LINES = (".jsonl", ".ndjson")  # JSON Lines by name; a .json file by its first line
