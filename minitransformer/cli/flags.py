@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import textwrap
 import typing
 from functools import cache
@@ -229,6 +230,8 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         kwargs.setdefault("allow_abbrev", False)  # a prefix is not a flag: --lr is an alias
         super().__init__(*args, **kwargs)
+        # a negative number, durations too (-5s), is a value for its flag to refuse, not a flag
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+[smh]?$")
 
     def spell(self, arg: str) -> str:
         """--n-layer -> --n_layer (and aliases such as --lr) where this parser knows it."""
