@@ -220,11 +220,13 @@ def test_loss_at_length_equals_direct_cross_entropy():
     (["n_layer=2,two"], "cannot read 'two'"),
     (["pos_encoding"], "FIELD=a,b"),
     (["n_embd=63,64"], "divisible"),  # found before the corpus is read
+    (["vocab_size=300,500"], "a char tokenizer has one id per character"),
+    (["n_layer=1,2", "--vocab_size=500"], "a char tokenizer has one id per character"),
 ])
 def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]
     for v in vary:
-        args += ["--vary", v]
+        args += [v] if v.startswith("--") else ["--vary", v]  # a flag, or what to vary
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

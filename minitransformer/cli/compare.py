@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..experiments.autosize import autosize_for_train
 from ..experiments.compare import check_out_dir, parse_vary, run_compare, write_results
 from ..experiments.report import markdown_table
-from ..experiments.runs import split_for
+from ..experiments.runs import check_char_vocabulary, split_for
 from ..families import FAMILIES, get_family
 from .flags import (
     ALIASES,
@@ -148,6 +148,8 @@ def cmd_compare(args) -> int:
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
     lengths = parse_lengths(args.eval_lengths)
+    check_char_vocabulary(family, args.data, args.tokenizer, "vocab_size" in given or
+                          any("vocab_size" in v.fields for v in variants))
     check_out_dir(Path(args.out), variants, args.force)  # before the corpus is read
     base, prepared = _base_settings(family, args, given, variants)
     base.update(given)

@@ -87,14 +87,14 @@ def _check_prepared_vocabulary(prepared, given: int | None) -> None:
                         f"or prepare the text again with it")
 
 
-def _check_char_vocabulary(family: Family, req) -> None:
+def check_char_vocabulary(family: Family, data, tokenizer: str | None, sizes: bool) -> None:
     """--vocab_size is the size of a BPE vocabulary to fit; a char tokenizer's is the text's
-    characters, so the flag cannot apply (prepared data: ``_check_prepared_vocabulary``)."""
-    sources = req.data or family.default_data
+    characters, so the flag cannot apply (prepared data: ``_check_prepared_vocabulary``).
+    ``sizes``: whether the user gave (or varies) one."""
+    sources = data or family.default_data
     sources = [sources] if isinstance(sources, str) else sources
-    kind = req.tokenizer or family.tokenizers[0]
-    if req.fields.get("vocab_size") is not None and kind == "char" and \
-            not any(is_prepared(s) for s in sources):
+    kind = tokenizer or family.tokenizers[0]
+    if sizes and kind == "char" and not any(is_prepared(s) for s in sources):
         raise UserError("--vocab_size sets the size of a BPE vocabulary; a char tokenizer has "
                         "one id per character of the text (add --tokenizer bpe)")
 
@@ -134,7 +134,7 @@ def new_run(req: TrainRequest, echo=print):
     if req.tokenizer is not None and req.tokenizer not in family.tokenizers:
         raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
                         f"(they use {' or '.join(family.tokenizers)})")
-    _check_char_vocabulary(family, req)
+    check_char_vocabulary(family, req.data, req.tokenizer, "vocab_size" in req.fields)
     base = family.preset(req.preset)
     _note_kept_width(req.preset or family.default_preset, base, req.fields, echo)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
