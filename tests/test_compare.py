@@ -264,3 +264,13 @@ def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
         assert "enc_attn_entropy_0" in header and "cross_attn_entropy_1" in header
     table = (out / "results.md").read_text(encoding="utf-8")
     assert "| norm_position=post |" in table and "not defined for sentence pairs" in table
+
+
+def test_compare_under_torchrun_is_refused_up_front(tmp_path, capsys, monkeypatch):
+    """Its variants train one after another, each setting up and tearing down the process
+    group, which torchrun's ranks cannot follow: refused before anything is read."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["compare", "--out", str(tmp_path / "c"), "--vary", "n_layer=1,2"]) == 2
+    assert "run it without torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

@@ -47,7 +47,7 @@ def train_single(out: Path, *extra: str):
 
 
 def train_ddp(out: Path, *extra: str, nproc: int = 2):
-    run([*TORCHRUN, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+    return run([*TORCHRUN, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
          "--master_port", str(free_port()), "-m", "minitransformer", "train", *COMMON,
          "--out", str(out), *extra])
 
@@ -105,9 +105,13 @@ def test_ddp_checkpoint_loads_and_samples_in_one_process(runs):
 
 def test_ddp_run_stopped_and_resumed_continues_the_same_curve(runs, tmp_path):
     out = tmp_path / "resumed"
-    train_ddp(out, "--max_iters", "3")
+    said = train_ddp(out, "--max_iters", "3").stdout
+    assert said.count("best model:") == 1, said  # rank 0 speaks for the run
     train_ddp(out, "--resume", "--max_iters", "6")
     assert_same_run(out, runs / "ddp")
+    with pytest.raises(AssertionError) as refused:  # a user error, said once
+        train_ddp(out, "--max_iters", "9")
+    assert str(refused.value).count("already holds a training run") == 1
 
 
 def test_two_nodes_on_one_machine_train_together(runs, tmp_path):

@@ -103,7 +103,8 @@ def test_command_works_where_it_applies(runs, family, command, tmp_path):
     ("encoder", ["translate", "hello"], ["translate does not apply"]),
     ("encoder", ["explain", "--text", "the", "--out", "{tmp}/w.html"], ["explain", "attention"]),
     ("seq2seq", ["explain", "--text", "In", "--out", "{tmp}/w.html"], ["explain", "attention"]),
-    ("encoder", ["export", "--hf", "{tmp}/hf"], ["export does not apply"]),
+    ("encoder", ["export", "--hf", "{tmp}/hf"], ["export does not apply", "load_checkpoint"]),
+    ("seq2seq", ["export", "--hf", "{tmp}/hf"], ["export does not apply", "load_checkpoint"]),
     ("gpt", ["evaluate", "--beam", "4"], ["--beam does not apply"]),
     ("encoder", ["evaluate", "--split", "test"], ["--split does not apply"]),
 ])

@@ -254,3 +254,25 @@ def test_a_run_folder_gets_the_usual_permissions(corpus, tmp_path):
     for path in [out, *out.rglob("*")]:
         want = (0o777 if path.is_dir() else 0o666) & ~mask
         assert path.stat().st_mode & 0o777 == want, (path, oct(path.stat().st_mode))
+
+
+def test_a_lost_process_of_a_distributed_run_is_not_called_a_bug(monkeypatch, capsys,
+                                                                 tmp_path):
+    """Under torchrun, another rank killed shows here as gloo's connection error: one line
+    that says what happened and how to go on, exit 1, not "this is a bug"."""
+    from minitransformer.cli import evaluate
+
+    def lost(args):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5001: "
+                           "Connection reset by peer\nmore detail")
+
+    monkeypatch.setattr(evaluate, "cmd_evaluate", lost)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["evaluate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "another process of this distributed run stopped" in err and "bug" not in err
+    assert err.count("\n") == 1 and "train --out RUN --resume" in err
+    monkeypatch.delenv("WORLD_SIZE")  # one process: the same error is a bug
+    assert main(["evaluate", str(tmp_path)]) == 1
+    assert "this is a bug" in capsys.readouterr().err

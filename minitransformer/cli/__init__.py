@@ -6,12 +6,18 @@ the traceback with --debug), 130 interrupted. Nothing in the package imports thi
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 from ..errors import UserError
 from ..nn.kernels import kernel_setting_problem
 from . import compare, evaluate, generate, hf, inspect, prepare, presets, serve, toy, train
 from .flags import Parser
+
+# what torch.distributed's backends say when another process of the run is gone
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+             "NCCL communicator was aborted", "Socket Timeout")
 
 # command -> the function that adds its parser (each parser names its handler as ``func``)
 COMMANDS = {
@@ -52,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed usage + error (code 2) or help (code 0)
         return e.code if isinstance(e.code, int) else 2
     prog = f"minitransformer {args.command}"  # as argparse names its own errors
+    rank = int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
     try:
         if (problem := kernel_setting_problem()) is not None:
             raise UserError(f"{problem} (unset it to let each model measure)")
-        return args.func(args) or 0
+        with open(os.devnull, "w") as null, \
+                contextlib.redirect_stdout(null) if rank else contextlib.nullcontext():
+            return args.func(args) or 0  # under torchrun, rank 0 speaks for the run
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        if not rank:  # every rank reads the same flags and files, and fails alike
+            print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except MemoryError:
         print(f"{prog}: error: out of memory: the model or batch is too large for this "
@@ -71,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
         if args.debug:
             raise
+        if "WORLD_SIZE" in os.environ and isinstance(e, RuntimeError) and \
+                any(s in str(e) for s in PEER_LOST):
+            print(f"{prog}: error: another process of this distributed run stopped or lost its "
+                  f"connection ({str(e).splitlines()[0][:160]}); the run folder keeps its last "
+                  f"checkpoint: train --out RUN --resume continues it", file=sys.stderr)
+            return 1
         print(f"minitransformer: internal error: {type(e).__name__}: {e}\n"
               f"(this is a bug; rerun as minitransformer --debug {args.command} ... for the "
               f"traceback)", file=sys.stderr)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
 from pathlib import Path
@@ -136,6 +137,9 @@ def _canonical(spec: str) -> str:
 
 
 def cmd_compare(args) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("compare trains its variants one after another in one process; run it "
+                        "without torchrun")
     family = get_family(args.model)
     classes = [cls for cls, _ in CONFIG_GROUPS]
     given = config_values(args, classes)

@@ -103,7 +103,10 @@ def on_off(text: str) -> str:
     value = str(text).strip().lower()
     if value == "auto":
         return value
-    return "on" if parse_bool(value) else "off"
+    try:
+        return "on" if parse_bool(value) else "off"
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}") from None
 
 
 @cache

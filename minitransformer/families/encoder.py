@@ -47,7 +47,9 @@ class EncoderFamily(StreamFamily):
     redirects = {"sample": "an encoder fills in masks rather than continuing text; try: "
                            "minitransformer fill DIR \"To be, or not to b[MASK].\"",
                  "translate": "an encoder has no decoder: train --model seq2seq",
-                 "explain": "its attention maps: minitransformer attention DIR --text ..."}
+                 "explain": "its attention maps: minitransformer attention DIR --text ...",
+                 "export": "export writes GPT runs (as GPT-2, Llama or Qwen3 folders); an "
+                           "encoder run loads in Python: minitransformer.load_checkpoint(DIR)"}
 
     def tokenizer_extras(self, tokenizer) -> dict:
         """The [MASK] id and the model's vocabulary size."""

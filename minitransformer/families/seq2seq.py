@@ -66,7 +66,10 @@ class Seq2SeqFamily(Family):
     init_changeable = Family.init_changeable | {"label_smoothing"}  # the loss, not the model
     redirects = {"sample": "it translates: minitransformer translate DIR \"a sentence\"",
                  "fill": "it translates: minitransformer translate DIR \"a sentence\"",
-                 "explain": "its attention maps: minitransformer attention DIR --text ..."}
+                 "explain": "its attention maps: minitransformer attention DIR --text ...",
+                 "export": "export writes GPT runs (as GPT-2, Llama or Qwen3 folders); an "
+                           "encoder-decoder run loads in Python: "
+                           "minitransformer.load_checkpoint(DIR)"}
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
                                   "split", "limit", "examples", "bleu_tokenize", "src",
                                   "tgt"}) | DECODING
