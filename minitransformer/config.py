@@ -358,11 +358,9 @@ def parse_duration(text: str | float | int) -> float:
     """'120s', '5m', '1h', '90' -> seconds."""
     if isinstance(text, (int, float)):
         return float(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
-    if not m and str(text).strip().startswith("-"):
-        raise ConfigError(f"a duration must not be negative, got {text}")
-    if not m:
-        raise ConfigError(f"cannot read the duration {text!r}: write e.g. 120s, 5m or 1h")
+    if not (m := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))):
+        why = "must not be negative" if str(text).strip().startswith("-") else "cannot be read"
+        raise ConfigError(f"the duration {text!r} {why}: write e.g. 120s, 5m or 1h")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 

@@ -105,7 +105,7 @@ def test_aliases_people_bring_from_other_tools():
     (["sample", "d", "--max_new_tokens", "0"], ["must be positive"]),
     (["train", "--out", "o", "--set", "n_embd=256", "n_head=4"],  # another tool's spelling
      ["did you mean: --n_embd 256, --n_head 4?"]),
-    (["train", "--out", "o", "--time_budget", "-5s"], ["must not be negative, got -5s"]),
+    (["train", "--out", "o", "--time_budget", "-5s"], ["the duration '-5s' must not be negative"]),
     (["train", "--out", "o", "--compile", "maybe"], ["expected auto, on or off, got 'maybe'"]),
     (["train", "--out", "o", "--context-mode", "roll"],  # another command's flag
      ["--context-mode is a flag of sample, not of train"]),
