@@ -241,7 +241,8 @@ def test_vary_takes_the_flag_aliases(tmp_path, capsys):
 
 
 def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
-    """The seq2seq family: same command, its own task and model; no length extrapolation."""
+    """The seq2seq family: same command, its own task and model. --eval_lengths, a GPT's
+    next-token loss on longer windows, is refused for it and for the encoder up front."""
     words = ["the", "cat", "dog", "sees", "a", "house", "red", "big", "runs", "home"]
     spanish = ["el", "gato", "perro", "ve", "una", "casa", "roja", "grande", "corre", "hogar"]
     lines = ["en\tes"]
@@ -251,11 +252,16 @@ def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
                      + ".")
     (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "cmp"
-    code = cli.main(["compare", "--model", "seq2seq", "--data", str(tmp_path / "pairs.tsv"),
-                     "--out", str(out), "--vary", "norm_position=pre,post", "--preset", "debug",
-                     "--vocab_size", "300", "--n_embd", "32", "--max-iters", "2",
-                     "--eval_interval", "2", "--eval_iters", "1", "--sample_tokens", "0",
-                     "--eval-lengths", "64", "--quiet"])
+    args = ["compare", "--model", "seq2seq", "--data", str(tmp_path / "pairs.tsv"),
+            "--out", str(out), "--vary", "norm_position=pre,post", "--preset", "debug",
+            "--vocab_size", "300", "--n_embd", "32", "--max-iters", "2",
+            "--eval_interval", "2", "--eval_iters", "1", "--sample_tokens", "0", "--quiet"]
+    for model in ("seq2seq", "encoder"):
+        asked = [model if a == "seq2seq" else a for a in args]
+        assert cli.main(asked + ["--eval-lengths", "64"]) == 2
+        assert "--eval_lengths scores next-token loss" in capsys.readouterr().err
+    assert not out.exists()
+    code = cli.main(args)
     assert code == 0, capsys.readouterr().err
     for name in ("pre", "post"):
         meta = json.loads((out / name / "config.json").read_text(encoding="utf-8"))
@@ -263,7 +269,7 @@ def test_compare_plugs_in_the_encoder_decoder(tmp_path, capsys):
         header = (out / name / "log.csv").read_text(encoding="utf-8").splitlines()[0]
         assert "enc_attn_entropy_0" in header and "cross_attn_entropy_1" in header
     table = (out / "results.md").read_text(encoding="utf-8")
-    assert "| norm_position=post |" in table and "not defined for sentence pairs" in table
+    assert "| norm_position=post |" in table
 
 
 def test_compare_under_torchrun_is_refused_up_front(tmp_path, capsys, monkeypatch):

@@ -46,6 +46,9 @@ def test_a_run_writes_the_csv_rows_as_scalars_and_a_resume_drops_the_later_ones(
         want = csv_column(out / "log.csv", name)
         assert [s for s, _ in got[tag]] == [s for s, _ in want]
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want], rel=1e-5), tag
+    # the training and the evaluation row of a step both carry elapsed_s: one point a step
+    steps = [s for s, _ in got["train/elapsed_s"]]
+    assert steps == sorted(set(steps)) and 12 in steps
     # resume from step 6 to 12 again: the events after step 6 are purged, then rewritten
     shutil.rmtree(out / "checkpoints" / "step_0000012")
     assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0

@@ -152,6 +152,9 @@ def cmd_compare(args) -> int:
     if clash:
         raise UserError(f"{', '.join(sorted(clash))} is both varied and set; drop one")
     lengths = parse_lengths(args.eval_lengths)
+    if lengths and not family.measures_lengths:
+        raise UserError(f"--eval_lengths scores next-token loss on longer windows, which "
+                        f"{family.a_title} has no measure of; drop the flag")
     check_char_vocabulary(family, args.data, args.tokenizer, "vocab_size" in given or
                           any("vocab_size" in v.fields for v in variants))
     check_out_dir(Path(args.out), variants, args.force)  # before the corpus is read

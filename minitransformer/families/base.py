@@ -111,6 +111,7 @@ class Family:
     redirects: dict[str, str] = {}  # command -> what to use instead, for the message
     evaluate_options: frozenset[str] = frozenset()  # evaluate's flags this family reads
     can_autosize = False  # --time_budget without --preset sizes the model
+    measures_lengths = False  # loss_at_length scores it (compare --eval_lengths)
 
     # -- settings ---------------------------------------------------------------------------
     def field_names(self) -> list[str]:

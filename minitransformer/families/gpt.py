@@ -48,6 +48,7 @@ class GPTFamily(StreamFamily):
                  "fill": "it continues text (masks are an encoder's, train --model encoder): "
                          "minitransformer sample DIR --prompt ..."}
     can_autosize = True
+    measures_lengths = True
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         tok = prepared.tokenizer

@@ -33,7 +33,6 @@ from ..training.trainer import estimate_loss
 from ..viz.views import seq2seq_views
 from .base import (
     Built,
-    CannotEvaluate,
     Family,
     NotApplicable,
     Prepared,
@@ -170,10 +169,6 @@ class Seq2SeqFamily(Family):
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         return seq2seq_views(model, tokenizer, text, target)
-
-    def loss_at_length(self, model, prepared: Prepared, length: int, device,
-                       n_tokens: int = 16384, seed: int = 0) -> float:
-        raise CannotEvaluate("not defined for sentence pairs")
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
         """Val loss as training measured it, then BLEU on a split (greedy and beam)."""

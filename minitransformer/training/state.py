@@ -56,13 +56,16 @@ class TensorBoardLog:
         # on resume, events after the resumed step are hidden, as log.csv's rows are dropped
         self.writer = SummaryWriter(str(folder), purge_step=None if resume_step is None
                                     else resume_step + 1)
+        self.last_step: dict[str, int] = {}  # a tag once per step (elapsed_s is in both rows)
 
     def write(self, step: int, **row) -> None:
         for name, value in row.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
                     and math.isfinite(value):
-                group = "loss" if name.endswith("_loss") else "train"
-                self.writer.add_scalar(f"{group}/{name}", value, step)
+                tag = f"{'loss' if name.endswith('_loss') else 'train'}/{name}"
+                if self.last_step.get(tag) != step:
+                    self.writer.add_scalar(tag, value, step)
+                    self.last_step[tag] = step
         self.writer.flush()
 
     def close(self) -> None:
