@@ -107,6 +107,21 @@ def test_embed_json_and_single_sentence(minilm_path, capsys):
     assert values == pytest.approx(data["embeddings"][0], abs=1e-5)
 
 
+def test_embed_notes_a_sentence_cut_to_the_models_limit(minilm_path, capsys):
+    """Past its 256 tokens the sentence is embedded from its first 256, said on stderr; the
+    embedding is the one of exactly those tokens."""
+    long = "word " * 600
+    assert main(["embed", "--hf", minilm_path, "--json", "short one", long]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == ("note: sentence [2] is 602 tokens; embedded from its "
+                                    "first 256 (the folder's max length)")
+    cut = json.loads(captured.out)["embeddings"][1]
+    assert main(["embed", "--hf", minilm_path, "--json", "word " * 254]) == 0
+    same = capsys.readouterr()
+    assert same.err == "" and json.loads(same.out)["embeddings"][0] == pytest.approx(cut,
+                                                                                  abs=1e-5)
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A tiny run folder written as training writes it: the best model at the top and one

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..data.shards import MANIFEST
@@ -27,7 +28,9 @@ def add_embed(sub) -> None:
         "embed", help="sentence embeddings from a BERT-style model (e.g. all-MiniLM-L6-v2)",
         description="Mean-pool the encoder's last hidden states over the real tokens and "
                     "L2-normalise, as sentence-transformers does. One sentence: prints its "
-                    "embedding. Several: prints their cosine similarity matrix.")
+                    "embedding. Several: prints their cosine similarity matrix. A sentence "
+                    "past the folder's max length (max_seq_length, else model_max_length) is "
+                    "embedded from its first tokens, with a note.")
     e.add_argument("sentences", nargs="+", metavar="SENTENCE", help="text to embed")
     e.add_argument("--hf", required=True, metavar="PATH",
                    help="local Hugging Face folder (config.json, model.safetensors, tokenizer)")
@@ -117,9 +120,13 @@ def cmd_export(args) -> int:
 
 
 def embed_sentences(model: EncoderModel, tokenizer, sentences: list[str], device="cpu"):
-    """Normalised sentence embeddings (N, C)."""
+    """Normalised sentence embeddings (N, C). A sentence longer than the tokenizer's limit is
+    embedded from its first tokens, as sentence-transformers does, with a note on stderr."""
     import torch
 
+    for i, length in tokenizer.over_length(sentences):
+        print(f"note: sentence [{i + 1}] is {length} tokens; embedded from its first "
+              f"{tokenizer.max_length} (the folder's max length)", file=sys.stderr)
     ids, mask = tokenizer.batch(sentences)
     if len(ids[0]) > model.config.block_size:
         raise UserError(f"a sentence is longer than the model's {model.config.block_size} "

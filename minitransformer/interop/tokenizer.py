@@ -57,6 +57,13 @@ class HFTokenizer:
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
+    def over_length(self, texts: list[str]) -> list[tuple[int, int]]:
+        """(index, full length with special tokens) of each text ``batch`` would cut."""
+        if not self.max_length:
+            return []
+        rows = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        return [(i, len(e.ids)) for i, e in enumerate(rows) if len(e.ids) > self.max_length]
+
     def batch(self, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
         """Encode sentences with special tokens, truncated to ``max_length`` and right-padded:
         returns (ids, attention_mask), each a list of equal-length rows."""
