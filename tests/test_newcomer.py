@@ -165,6 +165,15 @@ def test_presets_lists_every_family_and_shows_one_in_full(capsys):
     assert "--n_layer            3" in full and "(default 6)" in full
     assert main(["presets", "gpt", "tiny"]) == 2
     assert "cpu-small" in capsys.readouterr().err
+    # a preset name alone: that preset of each family having one
+    assert main(["presets", "debug"]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if " preset " in line]
+    assert [h.split()[0] for h in heads] == ["gpt", "encoder", "seq2seq"]
+    assert main(["presets", "gpt2-124m"]) == 0
+    assert capsys.readouterr().out.startswith("gpt preset gpt2-124m")
+    assert main(["presets", "tiny"]) == 2
+    assert "'tiny' is neither a family (gpt, encoder, seq2seq) nor a preset" in \
+        capsys.readouterr().err
 
 
 def test_the_readme_cli_at_a_glance_lists_every_command():

@@ -2,6 +2,7 @@
 
     minitransformer presets                 every family's presets, one line each
     minitransformer presets gpt cpu-small   one preset, field by field, beside the defaults
+    minitransformer presets debug           that preset of every family that has one
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("presets", help="list the presets of each model family and their values",
                        description="Without arguments: every preset of every family. With a "
                                    "family and a preset name: its values, field by field, "
-                                   "beside the config's own defaults.")
-    p.add_argument("family", nargs="?", choices=list(FAMILIES), help="model family")
+                                   "beside the config's own defaults. With a preset name "
+                                   "alone: that preset of every family that has one.")
+    p.add_argument("family", nargs="?", metavar="FAMILY",
+                   help=f"model family ({', '.join(FAMILIES)}), or a preset name")
     p.add_argument("name", nargs="?", help="preset name")
     p.set_defaults(func=cmd_presets)
 
@@ -39,13 +42,26 @@ def cmd_presets(args) -> int:
                 print(f"  {preset:<18} {short}, ...")
         print("one preset in full: minitransformer presets FAMILY NAME")
         return 0
+    if args.family not in FAMILIES and args.name is None:
+        having = [f for f in FAMILIES.values() if args.family in f.presets]
+        if not having:
+            raise UserError(f"{args.family!r} is neither a family ({', '.join(FAMILIES)}) nor "
+                            f"a preset; minitransformer presets lists them")
+        for i, family in enumerate(having):
+            print("\n" * (i > 0), end="")
+            _print_preset(family, args.family)
+        return 0
     family = get_family(args.family)
     if args.name is None:
         for preset in family.presets:
             print(preset)
         return 0
-    values, defaults = family.preset(args.name), _defaults(family)
-    print(f"{family.name} preset {args.name} (other fields keep their defaults):")
+    _print_preset(family, args.name)
+    return 0
+
+
+def _print_preset(family, name: str) -> None:
+    values, defaults = family.preset(name), _defaults(family)
+    print(f"{family.name} preset {name} (other fields keep their defaults):")
     for key, value in values.items():
         print(f"  --{key:<18} {value!s:<12} (default {defaults.get(key)})")
-    return 0
