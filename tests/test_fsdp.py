@@ -125,3 +125,24 @@ def test_shard_refuses_an_optimizer_that_needs_whole_matrices(monkeypatch):
         distributed.check_shard(TrainConfig(shard=True, optimizer="muon"))
     assert "\n" not in str(e.value)
     distributed.check_shard(TrainConfig(shard=True, optimizer="adamw"))
+
+
+@pytest.mark.parametrize("extra, env, said", [
+    (["--shard"], {}, "processes started by torchrun"),
+    (["--shard", "--lora_rank", "4"], {"RANK": "0", "WORLD_SIZE": "2"},
+     "LoRA (--lora_rank) and --shard do not combine"),
+    (["--shard", "--dtype", "float16"], {"RANK": "0", "WORLD_SIZE": "2"}, "loss scaler"),
+    (["--batch_size", "3"], {"RANK": "0", "WORLD_SIZE": "2"},
+     "batch_size (3) must be a multiple of processes x grad_accum (2 x 1)"),
+])
+def test_process_refusals_come_before_the_data_is_read(tmp_path, capsys, monkeypatch, extra,
+                                                       env, said):
+    """The corpus named does not exist: each refusal is said first, not after preparing."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = main(["train", "--data", str(tmp_path / "no-such.txt"), "--out",
+                 str(tmp_path / "run"), "--preset", "debug", "--quiet", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and err.count("\n") == 1, err

@@ -31,6 +31,7 @@ from ..families.pretrained import read_source
 from ..presets import with_preset
 from ..tokenizers import UnknownCharactersError
 from ..training import checkpoint as ckpt
+from ..training import distributed
 from ..training.health import HealthGuard
 from ..training.lora import attach as attach_lora
 from ..training.run import check_out_dir, learning_rate
@@ -143,6 +144,7 @@ def new_run(req: TrainRequest, echo=print):
     train_cfg = _train_config(train_f, req.fields, (lambda _: None) if sized else echo)
     if not sized:  # the sizes are known: a setting that cannot work fails before the data
         family.check_fields(model_f)
+    _check_launch(family, train_cfg, bool(req.lora), batch_known=not sized)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
                               model_f, req.tokenizer, req.data_tgt, req.newline,
                               text_field=req.text_field)
@@ -158,6 +160,14 @@ def new_run(req: TrainRequest, echo=print):
     built = family.build(prepared, model_f, train_cfg.seed)
     built.meta["preset"] = req.preset or ("autosize" if sized else family.default_preset)
     return family, prepared, built, train_cfg
+
+
+def _check_launch(family: Family, cfg: TrainConfig, lora: bool, batch_known=True) -> None:
+    """Refusals about torchrun's processes that need no data, made before it is read."""
+    distributed.check_launch(cfg, lora)
+    if batch_known:  # autosize picks the batch after reading the corpus
+        family.check_batch_split(cfg.batch_size, distributed.launched_world_size(),
+                                 cfg.grad_accum)
 
 
 def _note_kept_width(name: str, preset: dict, given: dict, echo) -> None:
@@ -187,6 +197,7 @@ def pretrained_run(req: TrainRequest, echo=print):
     preset = req.preset or "finetune"
     train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f},
                               req.fields, echo)
+    _check_launch(family, train_cfg, bool(req.lora))
     data = req.data or source.meta.get("data", {}).get("source") or family.default_data
     meta = source.meta if source.kind == "run" else {}
     try:
@@ -244,13 +255,14 @@ def resumed_run(req: TrainRequest):
                             f"({data.get('text_field', 'text')}); another field is for a new "
                             f"--data")
         field = req.text_field  # new text of another shape
-    prepared = family.reopen(meta, tokenizer, source,
-                             req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
-                             text_field=field)
     merged = {**(meta.get("train") if isinstance(meta.get("train"), dict) else {}), **train_f}
     fixed = decay_floor(merged, req.fields, lambda _: None)  # resume_notes says the change
     train_cfg = train_config(meta, train_f if fixed is merged else
                              {**train_f, "min_lr": fixed["min_lr"]})
+    _check_launch(family, train_cfg, bool(req.lora) or meta.get("lora") is not None)
+    prepared = family.reopen(meta, tokenizer, source,
+                             req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
+                             text_field=field)
     try:
         built = family.build(prepared, saved, train_cfg.seed)
     except (KeyError, TypeError) as e:

@@ -114,6 +114,10 @@ class Family:
     measures_lengths = False  # loss_at_length scores it (compare --eval_lengths)
 
     # -- settings ---------------------------------------------------------------------------
+    def check_batch_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
+        """Refuse, before any data is read, a batch that cannot be split over world_size x
+        grad_accum parts, where that needs no data (the task checks again with it)."""
+
     def field_names(self) -> list[str]:
         """The config fields it accepts beside TrainConfig's."""
         return [n for cls in (self.config_class, *self.data_classes) for n in field_names(cls)]

@@ -29,6 +29,7 @@ from ..data.sources import check_text_field, source_files
 from ..errors import UserError
 from ..tokenizers import load_tokenizer
 from ..training.device import pick_dtype
+from ..training.task import check_divisible
 from ..training.trainer import estimate_loss
 from .base import Family, NotApplicable, Prepared, data_source, train_config
 
@@ -60,6 +61,9 @@ class StreamFamily(Family):
     bpe_separator = "\n\n"  # what a BPE stream puts between prepared documents
     evaluate_options = frozenset({"data", "encoding", "text_field", "eval_iters", "batch_size",
                                   "seed"})
+
+    def check_batch_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
+        check_divisible(batch_size, world_size, grad_accum)  # rows of equal length
 
     def tokenizer_extras(self, tokenizer) -> dict:
         """Ids the family adds beside the tokenizer's own (the encoder's [MASK])."""

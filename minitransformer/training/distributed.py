@@ -145,6 +145,30 @@ def check_shard(cfg) -> None:
                         "in one process, or to resume a sharded run in one, pass --shard false")
 
 
+LORA_AND_SHARD = "LoRA (--lora_rank) and --shard do not combine; drop one"
+SHARD_AND_FP16 = "--shard does not combine with float16 and its loss scaler; pass --dtype " \
+    "bfloat16 or float32"
+
+
+def check_launch(cfg, lora: bool) -> None:
+    """What ``train`` would refuse about the processes that needs no data or device: said
+    before a corpus is read or prepared. (``dtype auto`` picking float16 is caught later.)"""
+    if cfg.shard:
+        check_shard(cfg)
+        if lora:
+            raise UserError(LORA_AND_SHARD)
+        if cfg.dtype == "float16":
+            raise UserError(SHARD_AND_FP16)
+
+
+def launched_world_size() -> int:
+    """The process count torchrun announced (1 without it)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def shard(model: torch.nn.Module, info: DistInfo, device: torch.device) -> None:
     """Shard ``model`` in place over every rank: one FSDP unit per Transformer block, then the
     root (embeddings, the tied output head, the last norm). Call before building the

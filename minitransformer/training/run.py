@@ -145,7 +145,7 @@ class TrainingRun:
         if self.sharded:
             distributed.check_shard(cfg)
             if self.lora:
-                raise UserError("LoRA (--lora_rank) and --shard do not combine; drop one")
+                raise UserError(distributed.LORA_AND_SHARD)
         self.info, self.device = distributed.setup(cfg.device)
         self.main = self.info.is_main
         self.task.check_split(cfg.batch_size, self.info.world_size, cfg.grad_accum)
@@ -155,8 +155,7 @@ class TrainingRun:
         set_threads()
         self.dtype = pick_dtype(cfg.dtype, self.device)
         if self.sharded and self.dtype == torch.float16:  # each rank would skip steps alone
-            raise UserError("--shard does not combine with float16 and its loss scaler; pass "
-                            "--dtype bfloat16 or float32")
+            raise UserError(distributed.SHARD_AND_FP16)
         torch.manual_seed(cfg.seed + self.info.rank)  # dropout differs across ranks, as it should
         self.model.to(self.device)
         if self.sharded:  # before the optimizer, which then holds this rank's shards
