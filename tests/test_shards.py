@@ -105,7 +105,8 @@ def test_an_encoder_trains_on_shards(tmp_path, capsys):
     ('{"text": "fine"}\nnot json\n', ["bad.jsonl:2", "not valid JSON"]),
     ('{"text": "fine"}\n["a list"]\n', ["bad.jsonl:2", "not a JSON object"]),
     ('{"body": "no text field"}\n', ["bad.jsonl:1", "'text'", "--text_field NAME"]),
-    ('{"text": null}\n', ["bad.jsonl:1", "'text' holds NoneType, not text"]),
+    ('{"text": null}\n', ["bad.jsonl:1", "'text' is null", "--errors skip"]),
+    ('{"text": 3}\n', ["bad.jsonl:1", "'text' holds int, not text"]),
 ])
 def test_bad_jsonl_names_the_line(tmp_path, capsys, content, words):
     path = tmp_path / "bad.jsonl"

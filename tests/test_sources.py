@@ -92,6 +92,32 @@ def test_a_parquet_file_without_the_column_lists_its_columns(shapes, tmp_path, c
     assert "not text" in err
 
 
+@pytest.mark.parametrize("shape", ["rows.parquet", "saved", "export.jsonl"])
+def test_null_texts_stop_prepare_unless_skipped(tmp_path, capsys, shape):
+    """A row or record whose text is null (common in Hugging Face data) names its place and
+    the way out; --errors skip reads the rest, the documents of the file without them."""
+    datasets = pytest.importorskip("datasets", reason="datasets is in the test extra")
+    texts = [DOCS[0], None, DOCS[1], None]
+    source = tmp_path / shape
+    if shape == "rows.parquet":
+        pq.write_table(pa.table({"text": texts}), source, row_group_size=2)
+    elif shape == "saved":
+        datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(source))
+    else:
+        source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts),
+                          encoding="utf-8")
+    capsys.readouterr()  # datasets' own progress bar
+    err = _prepare_fails(source, capsys, tmp_path)
+    where = {"rows.parquet": "row group 0, row 1", "saved": "record batch 0, row 1",
+             "export.jsonl": "export.jsonl:2"}[shape]
+    assert where in err and "null" in err and "prepare --errors skip" in err, err
+    out = tmp_path / "dd"
+    assert main(["prepare", "--data", str(source), "--out", str(out), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300", "--workers", "1", "--errors",
+                 "skip"]) == 0
+    assert _documents(out) == [DOCS[0], DOCS[1]]
+
+
 def test_a_damaged_parquet_file_names_the_file_and_row_group(shapes, tmp_path, capsys):
     root, _ = shapes
     raw = (root / "rows.parquet").read_bytes()

@@ -49,8 +49,9 @@ def add_parser(sub) -> None:
                    help="Windows (CRLF) and old Mac (CR) line ends: read as \\n, as train "
                         "--data FILE reads them (normalize, the default), or kept as they are")
     p.add_argument("--errors", choices=["strict", "replace", "skip"], default="strict",
-                   help="undecodable bytes: stop (strict), replace them, or skip the file "
-                        "(default strict)")
+                   help="undecodable bytes: stop (strict), replace them, or skip the file; "
+                        "skip also leaves out binary files and records or rows whose text "
+                        "is null (default strict)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes that encode BPE, in parallel, output in input order; "
                         "characters are looked up in this process (default: the CPU count, "

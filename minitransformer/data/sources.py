@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .tables import arrow_rows, dataset_files, is_dataset_folder, parquet_rows
+from .tables import NULL_HINT, arrow_rows, dataset_files, is_dataset_folder, parquet_rows
 from .text import (
     BUNDLED,
     corpus_path,
@@ -141,14 +141,15 @@ def check_text_field(files: list[Path], text_field: str) -> None:
 def read_documents(files: list[Path], text_field: str = "text", encoding: str = "utf-8",
                    errors: str = "strict") -> Iterator[Document]:
     """Each file's documents: a text file is one; JSON Lines one per line (``is_json_lines``),
-    a .parquet or .arrow file one per row (the ``text_field`` of each)."""
+    a .parquet or .arrow file one per row (the ``text_field`` of each). ``errors`` "skip"
+    also leaves out records and rows whose text is null."""
     for path in files:
         suffix = path.suffix.lower()
         if is_json_lines(path):
             yield from _jsonl(path, text_field, encoding, errors)
             continue
         if suffix in TABLES:
-            for text, where in TABLES[suffix](path, text_field):
+            for text, where in TABLES[suffix](path, text_field, errors == "skip"):
                 yield Document(text, where)
             continue
         try:
@@ -189,6 +190,10 @@ def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Docum
                 fields = ", ".join(record) or "none"
                 raise UserError(f"{path}:{lineno}: no text field {field!r}; its fields are "
                                 f"{fields} (--text_field NAME reads another)")
+            if record[field] is None:
+                if errors == "skip":
+                    continue
+                raise UserError(f"{path}:{lineno}: field {field!r} is null; {NULL_HINT}")
             if not isinstance(record[field], str):
                 raise UserError(f"{path}:{lineno}: field {field!r} holds "
                                 f"{type(record[field]).__name__}, not text")

@@ -75,15 +75,23 @@ def _check_column(path: Path, schema, field: str) -> None:
                         f"(--text_field NAME reads another column)")
 
 
-def _rows(path: Path, values: list, where: str) -> Iterator[tuple[str, str]]:
+NULL_HINT = "prepare --errors skip leaves such rows out"
+
+
+def _rows(path: Path, values: list, where: str, skip_null: bool) -> Iterator[tuple[str, str]]:
     for j, text in enumerate(values):
         if text is None:
-            raise UserError(f"{path}: {where}, row {j}: the text is missing (null)")
+            if skip_null:
+                continue
+            raise UserError(f"{path}: {where}, row {j}: the text is missing (null); "
+                            f"{NULL_HINT}")
         yield text, f"{path} ({where}, row {j})"
 
 
-def parquet_rows(path: Path, field: str) -> Iterator[tuple[str, str]]:
-    """(text, where) of each row of a Parquet file, a row group at a time."""
+def parquet_rows(path: Path, field: str, skip_null: bool = False
+                 ) -> Iterator[tuple[str, str]]:
+    """(text, where) of each row of a Parquet file, a row group at a time; ``skip_null``
+    leaves out rows whose text is missing, which are an error otherwise."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -99,7 +107,7 @@ def parquet_rows(path: Path, field: str) -> Iterator[tuple[str, str]]:
         except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: bad UTF-8
             raise UserError(f"{path}: row group {i} cannot be read ({_first_line(e)}); the "
                             f"file is damaged") from None
-        yield from _rows(path, values, f"row group {i}")
+        yield from _rows(path, values, f"row group {i}", skip_null)
 
 
 def _open_arrow(path: Path):
@@ -112,8 +120,9 @@ def _open_arrow(path: Path):
         return pa.ipc.open_file(source)  # the random-access (Feather v2) layout
 
 
-def arrow_rows(path: Path, field: str) -> Iterator[tuple[str, str]]:
-    """(text, where) of each row of an Arrow file, a record batch at a time."""
+def arrow_rows(path: Path, field: str, skip_null: bool = False) -> Iterator[tuple[str, str]]:
+    """(text, where) of each row of an Arrow file, a record batch at a time (``skip_null``
+    as for ``parquet_rows``)."""
     import pyarrow as pa
 
     try:
@@ -133,5 +142,5 @@ def arrow_rows(path: Path, field: str) -> Iterator[tuple[str, str]]:
         except (pa.ArrowException, OSError, ValueError) as e:
             raise UserError(f"{path}: record batch {i} cannot be read ({_first_line(e)}); the "
                             f"file is damaged") from None
-        yield from _rows(path, values, f"record batch {i}")
+        yield from _rows(path, values, f"record batch {i}", skip_null)
         i += 1
