@@ -270,6 +270,20 @@ def test_an_unknown_field_is_refused_by_name(url, client):
     still_serving(client)
 
 
+def test_json_sent_as_text_is_told_its_content_type(url, client):
+    """curl -d without -H 'Content-Type: application/json' sends a form's type: the body is
+    JSON in all but its label, which the error names."""
+    body = b'{"model": "tiny", "prompt": "a", "max_tokens": 2}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded"):
+        status, answer = post(url, body, {"Content-Type": kind})
+        assert status == 400, answer
+        assert_openai_error(answer)
+        assert answer["error"]["message"] == (f"the request body must be JSON sent with "
+                                              f"Content-Type: application/json (got {kind})")
+    assert post(url, body, {"Content-Type": "application/json; charset=utf-8"})[0] == 200
+    still_serving(client)
+
+
 def test_the_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="tiny", prompt="a", temperature=-0.5)
