@@ -103,6 +103,30 @@ def test_compile_that_raises_at_once_falls_back(monkeypatch, capsys):
     assert "running eagerly" in capsys.readouterr().err
 
 
+def test_compile_on_a_cpu_says_what_the_first_steps_cost(monkeypatch, capsys):
+    monkeypatch.setattr(torch, "compile", lambda model, **k: model)  # compiling is not tested
+    run, compiled = device_mod.maybe_compile(small_gpt(), "on", torch.device("cpu"))
+    assert compiled and "counts as training time" in capsys.readouterr().err
+    assert device_mod.maybe_compile(small_gpt(), "auto", torch.device("cpu"))[1] is False
+    assert capsys.readouterr().err == ""
+
+
+def test_the_causal_mask_compiles_without_dynamos_cache_warning():
+    """Dynamo warns once per process about an lru_cache it traces through; the mask skips
+    its cache while compiling and is the same mask."""
+    import warnings
+
+    from minitransformer.nn.mask import causal_mask
+
+    fn = torch.compile(lambda x: x.masked_fill(~causal_mask(3, 5, 2), 0.0), backend="eager",
+                       fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = fn(torch.ones(3, 5))
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+    assert torch.equal(got, torch.ones(3, 5).tril(2))
+
+
 class FailsWhenCalled(torch.nn.Module):
     """What a torch.compile'd model looks like when compilation breaks on the first call."""
 

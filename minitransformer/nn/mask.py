@@ -21,7 +21,10 @@ def causal_mask(t_q: int, t_k: int | None = None, offset: int = 0, device=None) 
     Returns a (Tq, Tk) bool tensor, built once per shape and device, then reused (read-only).
     """
     t_k = t_q + offset if t_k is None else t_k
-    return _causal_mask(t_q, t_k, offset, torch.device(device) if device is not None else None)
+    device = torch.device(device) if device is not None else None
+    if torch.compiler.is_compiling():  # a compiled graph builds it in place: no cache to keep
+        return _causal_mask.__wrapped__(t_q, t_k, offset, device)
+    return _causal_mask(t_q, t_k, offset, device)
 
 
 @functools.lru_cache(maxsize=64)

@@ -148,8 +148,13 @@ def maybe_compile(model, mode: str, device: torch.device):
     if not want:
         return model, False
     try:
-        return EagerFallback(torch.compile(model), model), True
+        compiled = EagerFallback(torch.compile(model), model)
     except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
         print(f"note: torch.compile is unavailable ({type(e).__name__}: {e}); running eagerly",
               file=sys.stderr)
         return model, False
+    if device.type == "cpu":
+        print("note: torch.compile compiles the model during the first steps (half a minute or "
+              "more on a CPU), and that time counts as training time (and against "
+              "--time_budget); --compile off skips it", file=sys.stderr)
+    return compiled, True
