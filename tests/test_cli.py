@@ -156,3 +156,33 @@ def test_time_budget_none_without_a_preset_lets_max_iters_decide(tiny_corpus, tm
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "done: 3 steps" in out.out
+
+
+def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():
+    """The package imports PyTorch only when a name needs it; the command's entry point
+    answers a Ctrl-C during that import (a second or more) as it answers one later."""
+    import subprocess
+    import sys
+
+    light = subprocess.run([sys.executable, "-c", "import sys, minitransformer; "
+                            "print(minitransformer.__version__, 'torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert light.stdout.split() == ["0.1.0", "False"], light.stderr
+    import minitransformer
+
+    names = {"PRESETS", *minitransformer._WHERE}
+    assert set(minitransformer.__all__) == names and len(minitransformer.__all__) == len(names)
+    assert all(getattr(minitransformer, name) is not None for name in names)
+    stop_at_torch = (
+        "import sys\n"
+        "class Stop:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Stop())\n"
+        "from minitransformer.__main__ import run\n"
+        "sys.exit(run())\n")
+    proc = subprocess.run([sys.executable, "-c", stop_at_torch, "presets"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr == "minitransformer: interrupted\n", \
+        proc.stderr
