@@ -195,8 +195,10 @@ def test_logprobs_are_the_models_own(client, run):
     got = torch.tensor(lp.token_logprobs)
     torch.testing.assert_close(got, want.gather(1, ids[0, len(PROMPT):, None])[:, 0],
                                atol=1e-4, rtol=1e-4)
-    for row, top in zip(want, lp.top_logprobs, strict=True):
-        assert len(top) == 3
+    for row, top, token in zip(want, lp.top_logprobs, lp.tokens, strict=True):
+        # the 3 most likely, and the token drawn when it is not one of them (OpenAI's way)
+        assert token in top and len(top) == 3 + (list(top).index(token) == 3)
+        assert list(top.values()) == sorted(top.values(), reverse=True)
         assert max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
 
 

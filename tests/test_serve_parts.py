@@ -109,7 +109,38 @@ def test_token_entries_leave_with_their_text():
     c.end(Chars())
     text, entries = c.take()
     assert text == "z" and [e.text for e in entries] == ["z"] and entries[0].start == 1
-    assert set(entries[0].top) == {chr(199), chr(198)}
+    # the 2 most likely, and the token drawn, as OpenAI adds it: most likely first
+    assert list(entries[0].top) == [chr(199), chr(198), "z"]
+    assert entries[0].top["z"] == pytest.approx(float(lp[ord("z")]))
+
+
+def test_byte_tokens_get_their_characters_offsets_and_distinct_names():
+    """Byte-level BPE: two stray continuation bytes (never a character: U+FFFD each), "，"
+    spelled in three byte tokens, "a", then "你" in three: every token's text_offset is its
+    character's place, partial tokens are named by their bytes, and the top entries of two
+    such tokens stay two entries."""
+    from minitransformer.tokenizers.bpe import BPETokenizer
+
+    tok = BPETokenizer.train(["ab ab ab"], 260, byte_level=True)
+    byte_id = {tok.token_bytes(i)[0]: i for i in range(tok.vocab_size)
+               if tok.token_bytes(i) is not None and len(tok.token_bytes(i)) == 1}
+    data = b"\xbd\xa0" + "，a你".encode()
+    c = Choice(0, [], offset=5)
+    lp = torch.log_softmax(torch.zeros(tok.vocab_size), 0)
+    lp[byte_id[0xE4]], lp[byte_id[0xEF]] = 0.5, 0.4  # two partial tokens on top
+    shown = []
+    for b in data:
+        c.add(byte_id[b], lp, 2, tok)
+        shown.append(c.take()[0])
+    c.end(tok)
+    text, entries = c.take()
+    assert "".join(shown) + text == "\ufffd\ufffd，a你" == tok.decode([byte_id[b] for b in data])
+    # a stray byte shows at once; a character being spelled waits for its last byte
+    assert shown == ["\ufffd", "\ufffd", "", "", "，", "a", "", "", "你"]
+    assert [e.start for e in c.tokens] == [0, 1, 2, 2, 2, 3, 4, 4, 4]
+    assert [e.text for e in c.tokens][:6] == ["bytes:\\xbd", "bytes:\\xa0", "bytes:\\xef",
+                                              "bytes:\\xbc", "bytes:\\x8c", "a"]
+    assert list(c.tokens[5].top)[:2] == ["bytes:\\xe4", "bytes:\\xef"]
 
 
 def test_a_full_queue_is_a_429():

@@ -4,13 +4,40 @@ Text leaves in whole characters only (byte-level BPE can split one), and never w
 turn out to be the start of a stop string: a streamed chunk never shows text that a later
 token would have cut away. A token's log-probability entry leaves with the chunk that
 completes its text.
+
+Where the tokenizer knows each token's bytes (our BPE), the tokens' bytes run through one
+UTF-8 decoder: it tells a character still being spelled from bytes that can never form one
+(shown as U+FFFD, as decoding shows them), and a token's ``text_offset`` is the place of the
+character its first byte belongs to. A token holding only part of a character is named
+``bytes:\\xe4\\xbb`` in ``tokens`` and ``top_logprobs``, as OpenAI names such tokens.
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 
 import torch
+
+
+def token_bytes(tokenizer, token: int) -> bytes | None:
+    """The bytes ``token`` stands for, where the tokenizer can say (else None)."""
+    if not hasattr(tokenizer, "token_bytes"):
+        return None
+    data = tokenizer.token_bytes(token)
+    return tokenizer.decode([token]).encode("utf-8") if data is None else data  # a special
+
+
+def token_label(tokenizer, token: int) -> str:
+    """A token as logprobs name it: its text, or ``bytes:\\xNN...`` when it holds only part
+    of a character (decoding it alone would give U+FFFD, the same for every such token)."""
+    data = token_bytes(tokenizer, token)
+    if data is None:
+        return tokenizer.decode([token])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
 
 @dataclass
@@ -47,17 +74,33 @@ class Choice:
     finish: str | None = None
     cut: int | None = None  # where a stop string begins
 
+    utf8: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    chars: int = 0  # characters the decoder has given so far (tokens with bytes)
+
     def add(self, token: int, logprobs: torch.Tensor | None, k: int, tokenizer) -> None:
-        """One new token; ``logprobs`` (V,) when log-probabilities are asked for."""
+        """One new token; ``logprobs`` (V,) when log-probabilities are asked for, with the
+        ``k`` most likely tokens (and the one drawn, as OpenAI adds it) in ``top``."""
         self.ids.append(token)
+        data, start = token_bytes(tokenizer, token), len(self.text)
+        if data is not None:
+            start = self.chars
+            self.chars += len(self.utf8.decode(data))
         if logprobs is not None:
-            top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
-            self.tokens.append(TokenInfo(
-                tokenizer.decode([token]), len(self.text), float(logprobs[token]),
-                {} if top is None else {tokenizer.decode([int(i)]): float(v)
-                                        for v, i in zip(top.values, top.indices, strict=True)}))
+            top: dict[str, float] = {}
+            if k:
+                best = torch.topk(logprobs, min(k, logprobs.numel()))
+                pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+                if token not in best.indices.tolist():
+                    pairs.append((token, float(logprobs[token])))
+                top = {token_label(tokenizer, i): v
+                       for i, v in sorted(pairs, key=lambda p: -p[1])}
+            self.tokens.append(TokenInfo(token_label(tokenizer, token), start,
+                                         float(logprobs[token]), top))
         text = tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        spelling = bool(self.utf8.getstate()[0]) if data is not None else \
+            text.endswith("\ufffd")
+        if spelling:
             return  # the rest of the character is still to come
         self.text = text
         for t in self.tokens:
