@@ -74,6 +74,20 @@ def test_temperature_to_zero_approaches_greedy():
     assert torch.equal(sample_next(logits, temperature=0.0), torch.tensor([[1]]))
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-40, 1e-45])
+def test_a_vanishing_temperature_draws_the_largest_logit(temperature):
+    """logits / 1e-40 overflow float32 to inf and softmax(inf - inf) is NaN: such a
+    temperature still draws as greedy does, with top-k / top-p, one generator or a row
+    each."""
+    logits = torch.tensor([[1.0, 1.5, 1.2, -0.3], [40.0, -2.0, 39.0, 0.0]])
+    want = torch.tensor([[1], [0]])
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(sample_next(logits, temperature, generator=gen), want)
+    assert torch.equal(sample_next(logits, temperature, 2, 0.9), want)
+    rows = [torch.Generator().manual_seed(i) for i in range(2)]
+    assert torch.equal(sample_next(logits, temperature, generator=rows), want)
+
+
 def test_same_seed_same_text_different_seed_different_text(make_gpt):
     model = make_gpt(scale=0.1)
     prompt = torch.zeros(1, 1, dtype=torch.long)

@@ -167,6 +167,29 @@ def test_stream_options_include_usage_ends_the_stream_with_the_usage(url, client
     assert [c["choices"] for c in plain[:-1]] == [c["choices"] for c in raw[:-2]]
 
 
+def test_an_error_after_the_stream_began_is_one_openai_shaped_event(url, client,
+                                                                     monkeypatch):
+    """Headers gone, a failure is an event in OpenAI's error shape, then [DONE]; the server
+    goes on serving. A vanishing temperature, which once failed so, is greedy decoding."""
+    greedy = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+    want = post(url, json.dumps(greedy).encode())[1]["choices"][0]["text"]
+    tiny = post(url, json.dumps({**greedy, "temperature": 1e-40}).encode())
+    assert tiny[0] == 200 and tiny[1]["choices"][0]["text"] == want
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("minitransformer.serve.completions.sample_next", broken)  # batched
+    monkeypatch.setattr("minitransformer.models.generation.sample_next", broken)  # alone
+    raw = events(url, {**greedy, "stream": True, "temperature": 1})
+    assert raw[-1] == "[DONE]"
+    assert_openai_error(raw[-2])
+    assert raw[-2]["error"]["code"] == "internal_error" and raw[-2]["error"]["type"] == \
+        "server_error"
+    monkeypatch.undo()
+    still_serving(client)
+
+
 def test_stop_cuts_the_text_and_streaming_never_shows_a_stop_start(client, run):
     full = reference(run, PROMPT, 40, 11)
     stop = full[10:13]

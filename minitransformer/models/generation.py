@@ -62,6 +62,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None,
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
+TINY_TEMPERATURE = 1e-30  # below it logits of 3.4e8 and more overflow float32 when divided
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -75,7 +76,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     if temperature <= 0.0:
         # the first largest logit; argmax gives the same, about three times slower on a CPU
         return logits.max(dim=-1, keepdim=True).indices  # (B, 1)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    logits = logits.float()
+    if temperature < TINY_TEMPERATURE:  # logits / temperature would overflow to inf (a NaN
+        # softmax); shifted to a largest logit of 0 first, the quotient stays <= 0
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+    logits = filter_logits(logits / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)  # (B, V)
     if isinstance(generator, Sequence):
         return race(probs, generator)  # (B, 1)

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..nn.linear import packed_weights
 from . import completions as cmpl
 from . import playground
-from .errors import APIError, install_handlers
+from .errors import APIError, error_body, install_handlers
 from .guards import BodyLimit, SecurityHeaders, check_key
 from .schemas import CompletionRequest
 from .worker import Worker
@@ -183,5 +183,5 @@ async def _sse(worker: Worker, job, model_id: str, plan: cmpl.Plan):
                 if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
                     yield event(piece)
     except APIError as e:  # after the headers have gone, an error is one more event
-        yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
+        yield f"data: {json.dumps(error_body(e.status, e.message, e.param, e.code))}\n\n"
     yield "data: [DONE]\n\n"
