@@ -140,6 +140,13 @@ def test_bad_sampling_values(tiny_run, capsys):
     _assert_user_error(code, err, "--top_p")
     code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--temperature", "-1")
     _assert_user_error(code, err, "--temperature")
+    # greedy decoding draws nothing: a draw's settings, or several samples, are errors
+    for extra, said in ((["--top_k", "5"], "--top_k would change nothing; drop it"),
+                        (["--top_p", "0.5", "--seed", "3"], "--top_p and --seed would"),
+                        (["--num_samples", "2"], "all 2 samples would be the same text")):
+        code, err = _main(capsys, "sample", run, "--prompt", PROMPT, "--temperature", "0",
+                          *extra)
+        _assert_user_error(code, err, "--temperature 0 is greedy decoding", said)
 
 
 def test_existing_run_needs_resume_or_force(tiny_run, tiny_corpus, capsys):

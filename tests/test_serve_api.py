@@ -309,6 +309,27 @@ def test_json_sent_as_text_is_told_its_content_type(url, client):
     still_serving(client)
 
 
+def test_an_empty_body_an_unknown_chat_model_and_the_default_max_tokens(url, client, run):
+    status, answer = post(url, b"")
+    assert status == 400 and answer["error"]["message"] == \
+        "the request body is empty: send a JSON object"
+    status, answer = post(url, b'{"model": "gpt-4o", "messages": []}', path="v1/chat/completions")
+    assert status == 404 and answer["error"]["code"] == "model_not_found"
+    # max_tokens not given: OpenAI's 16, or the server's limit where that is lower
+    from minitransformer.serve.completions import plan_completion
+    from minitransformer.serve.schemas import CompletionRequest
+
+    def planned(body: dict, cap: int) -> int:
+        return plan_completion(CompletionRequest(**body), run.tokenizer, cap, 64).max_tokens
+
+    assert planned({"model": "tiny", "prompt": "a"}, 8) == 8
+    assert planned({"model": "tiny", "prompt": "a"}, 64) == 16
+    assert planned({"model": "tiny", "prompt": "a", "max_tokens": None}, 8) == 8
+    with pytest.raises(Exception, match="this server allows at most 8"):
+        planned({"model": "tiny", "prompt": "a", "max_tokens": 16}, 8)
+    still_serving(client)
+
+
 def test_the_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="tiny", prompt="a", temperature=-0.5)

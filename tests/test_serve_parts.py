@@ -231,6 +231,12 @@ def _error(capsys) -> str:
 def test_a_public_host_needs_a_key(run_dir, capsys):
     assert main(["serve", str(run_dir), "--host", "0.0.0.0"]) == 2
     assert "--api_key" in _error(capsys)
+    # --insecure_no_key where there is nothing to be insecure about is an error, not ignored
+    assert main(["serve", str(run_dir), "--insecure_no_key"]) == 2
+    assert "--host 127.0.0.1 is loopback; drop it" in _error(capsys)
+    assert main(["serve", str(run_dir), "--host", "0.0.0.0", "--api_key", "k",
+                 "--insecure_no_key"]) == 2
+    assert "--api_key is given; drop it" in _error(capsys)
 
 
 def test_missing_and_corrupt_run_folders(tmp_path, capsys):

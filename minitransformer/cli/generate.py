@@ -140,6 +140,18 @@ def check_sampling_args(args) -> None:
         raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not args.prompt:
         raise UserError("--prompt is empty: give at least one character")
+    if args.temperature == 0:  # greedy: nothing is drawn, so nothing of a draw applies
+        asked = [flag for flag, on in (("--top_k", args.top_k), ("--top_p", args.top_p < 1),
+                                       ("--seed", args.seed is not None)) if on]
+        if asked:
+            raise UserError(f"--temperature 0 is greedy decoding, which draws nothing, so "
+                            f"{' and '.join(asked)} would change nothing; drop "
+                            f"{'it' if len(asked) == 1 else 'them'} or give a temperature "
+                            f"above 0")
+        if args.num_samples > 1:
+            raise UserError(f"--temperature 0 is greedy decoding: all {args.num_samples} "
+                            f"samples would be the same text; give a temperature above 0 or "
+                            f"drop --num_samples")
     if args.seed is not None and args.seed + args.num_samples - 1 >= SEED_LIMIT:
         raise UserError(f"--seed {args.seed} with --num_samples {args.num_samples}: sample i "
                         f"draws with seed + i, which must stay under 2**63, so give a seed of "

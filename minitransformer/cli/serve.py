@@ -42,9 +42,9 @@ def add_parser(sub) -> None:
                    help="requests waiting or running at once; one more is answered 429 "
                         "(default 64)")
     s.add_argument("--max_batch", type=positive_int, default=16,
-                   help="unseeded requests of one prompt length decoded together as one batch; "
-                        "a seeded request is always decoded alone; 1 = one at a time "
-                        "(default 16)")
+                   help="unseeded requests with the same sampling settings decoded together "
+                        "as one batch, prompts of any length; a seeded request is always "
+                        "decoded alone; 1 = one at a time (default 16)")
     s.add_argument("--max_tokens", type=positive_int, default=1024,
                    help="the most tokens one request may ask for (default 1024)")
     s.add_argument("--lang", choices=LANGS, default="en",
@@ -58,6 +58,10 @@ def add_parser(sub) -> None:
 def _check_host(args) -> None:
     from ..serve import is_loopback
 
+    if args.insecure_no_key and (is_loopback(args.host) or args.api_key):
+        why = "--api_key is given" if args.api_key else f"--host {args.host} is loopback"
+        raise UserError(f"--insecure_no_key is for serving another host without a key, and "
+                        f"{why}; drop it")
     if is_loopback(args.host) or args.api_key:
         return
     if not args.insecure_no_key:

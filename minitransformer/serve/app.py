@@ -121,7 +121,13 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
         return JSONResponse(await _gather(worker, job, request, settings.model_id, plan))
 
     @v1.post("/chat/completions")
-    async def chat_completions() -> dict:
+    async def chat_completions(request: Request) -> dict:
+        try:  # a model of another name is unknown here first, as /v1/completions says
+            name = (await request.json()).get("model")
+        except (ValueError, AttributeError):
+            name = None
+        if isinstance(name, str):
+            _check_model(settings, name)
         raise APIError(400, f"{settings.model_id} is not a chat model: {_instead(run)}",
                        "model", "not_a_chat_model")
 

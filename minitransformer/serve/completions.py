@@ -102,7 +102,9 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
                                                   max_prompt_tokens)
            for i, p in enumerate(prompts)]
     prompts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
-    max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    max_tokens = req.max_tokens
+    if "max_tokens" not in req.model_fields_set or max_tokens is None:  # not asked for
+        max_tokens = min(DEFAULT_MAX_TOKENS, max_tokens_cap)
     if max_tokens > max_tokens_cap:
         raise APIError(400, f"max_tokens is {max_tokens}; this server allows at most "
                             f"{max_tokens_cap}", "max_tokens", "max_tokens_exceeded")

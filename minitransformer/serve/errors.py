@@ -48,6 +48,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None, "invalid_json"
+    if first.get("type") == "missing" and not loc:
+        return "the request body is empty: send a JSON object", None, "invalid_json"
     if first.get("type") == "extra_forbidden":  # a field no schema names: OpenAI's words
         name = ".".join(loc)
         return f"Unrecognized request argument supplied: {name}", name, "unknown_parameter"

@@ -79,7 +79,9 @@ class InspectRequest(Strict):
     prompt: int | None = Field(None, ge=1, description="tokens of the text that were the "
                                "prompt of a completion: later positions are seen through the "
                                "windows its generation used (the default context shift past "
-                               "block_size); default: the whole text")
+                               "block_size); default, or more than the text holds (its "
+                               "tokens read alone can outnumber the whole text's): the "
+                               "whole text")
 
 
 class TranslateRequest(Strict):
