@@ -540,6 +540,32 @@ def seq2seq_folder(tmp_path):
     return tmp_path / "mt"
 
 
+def test_a_source_past_learned_positions_is_cut_with_a_note_or_a_400(tmp_path, capsys):
+    """translate reads the first block_size - 1 tokens of a longer source and says so; the
+    server's translation, which reads a text whole, answers a 400, not an internal error."""
+    from minitransformer.config import Seq2SeqConfig
+    from minitransformer.models import Seq2SeqTransformer
+    from minitransformer.tokenizers import BPETokenizer
+
+    tokenizer = BPETokenizer.train(["In the beginning.", "En el principio."] * 4, 280)
+    cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2,
+                        n_embd=16, d_ff=32, dropout=0.0, pos_encoding="learned")
+    meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(tmp_path / "mt", Seq2SeqTransformer(cfg), meta, tokenizer)
+    long = "In the beginning. " * 8
+    n = len(tokenizer.encode(long))
+    assert main(["translate", str(tmp_path / "mt"), "In the", long, "--beam", "1"]) == 0
+    assert capsys.readouterr().err == (f"note: sentence 2 is {n} tokens; it is translated from "
+                                       f"its first 15 (the model's learned positions end "
+                                       f"there)\n")
+    with running(create_app(load_run(tmp_path / "mt"), Settings(model_id="m"))) as u:
+        status, body = post(u, json.dumps({"text": long}).encode(), path="api/translate")
+        assert status == 400 and f"{n} tokens long" in body["error"]["message"], body
+        assert_openai_error(body)
+        assert post(u, b'{"text": "In the"}', path="api/translate")[0] == 200
+
+
 def test_runs_that_do_not_continue_text_say_what_they_answer(seq2seq_folder, tmp_path,
                                                              make_encoder):
     """A chat or a completion request to an encoder-decoder's or a masked-LM encoder's server

@@ -224,5 +224,20 @@ def test_entropy_columns_name_the_three_kinds_of_attention(bible):
                             for i in range(2)}
 
 
+
+def test_the_training_sample_stays_inside_a_learned_position_table(bible):
+    """sample_tokens past block_size - 1 (40 with block_size 32 here) once stopped a run at
+    its first evaluation; the sample is cut to the table instead."""
+    tok, encoded = bible
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(Seq2SeqConfig(
+        vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=32, d_ff=64,
+        pos_encoding="learned", pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id))
+    task = Seq2SeqTask(encoded, tok.pad_id, tok.bos_id, tok.eos_id, BATCH_TOKENS,
+                       sample_sources=["In the beginning."])
+    text = task.sample(model.eval(), tok, 40, torch.device("cpu"))
+    assert text.startswith("In the beginning.\n  -> ")
+
+
 if __name__ == "__main__":
     worker(*sys.argv[1:3])

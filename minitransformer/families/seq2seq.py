@@ -193,7 +193,8 @@ class Seq2SeqFamily(Family):
         """One translation per line (empty lines stay empty)."""
         opts = decoding_options(options, model)
         todo = [i for i, line in enumerate(lines) if line.strip()]
-        outs = translate_many(model, encode_sources(model, tokenizer, [lines[i] for i in todo]),
+        sources = encode_sources(model, tokenizer, lines)  # a note names the line's number
+        outs = translate_many(model, [sources[i] for i in todo],
                               opts["beam"], opts["max_len"], opts["length_penalty"],
                               options.get("batch_size") or 32, device,
                               min_len=opts["min_len"])
@@ -258,10 +259,23 @@ def sample_sources(prepared: Prepared, tokenizer, n: int = 2) -> list[str]:
     return picked[:n] or [corpus.src[valid[0]]]
 
 
-def encode_sources(model, tokenizer, texts: list[str]) -> list[list[int]]:
-    """Source ids ending in </s>, cut to the position table when it cannot extend."""
+def encode_sources(model, tokenizer, texts: list[str], what: str = "sentence"
+                   ) -> list[list[int]]:
+    """Source ids ending in </s>, cut to the position table when it cannot extend (said on
+    stderr: the translation is then of the source's beginning only)."""
     c = model.config
     limit = c.block_size - 1 if c.pos_encoding == "learned" else None
+    if limit is not None:
+        long = [(i, n) for i, n in enumerate(map(len, tokenizer.encode_batch(texts)))
+                if n > limit]
+        if len(long) == 1:
+            print(f"note: {what} {long[0][0] + 1} is {long[0][1]} tokens; it is translated "
+                  f"from its first {limit} (the model's learned positions end there)",
+                  file=sys.stderr)
+        elif long:
+            print(f"note: {len(long)} {what}s are longer than {limit} tokens; each is "
+                  f"translated from its first {limit} (the model's learned positions end "
+                  f"there)", file=sys.stderr)
     return source_ids(tokenizer, texts, c.eos_id, limit)
 
 
@@ -304,7 +318,7 @@ def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | No
     if not idx:
         raise NotApplicable(f"the {split} split of {prepared.source} is empty")
     refs = [corpus.tgt[i] for i in idx]
-    sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx])
+    sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx], "test source")
     scheme, why = bleu_tokenizer(refs, tokenize)
     lines = [f"{prepared.source}: {len(idx):,} {split} pairs {corpus.src_lang} -> "
              f"{corpus.tgt_lang}", f"BLEU tokenizer {scheme}: {why}"]

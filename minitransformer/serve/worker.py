@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
+from ..errors import UserError
 from .errors import APIError
 
 _DONE = object()  # the last event of every job
@@ -51,6 +52,8 @@ class Job:
 def _as_api_error(e: Exception) -> APIError:
     if isinstance(e, APIError):
         return e
+    if isinstance(e, UserError):  # what the command line says as a user error: a 400 here
+        return APIError(400, str(e), None, "invalid_request")
     return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
 
 
