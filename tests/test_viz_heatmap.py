@@ -14,6 +14,7 @@ import torch
 from minitransformer.cli import main
 from minitransformer.config import GPTConfig
 from minitransformer.data import load_text
+from minitransformer.errors import UserError
 from minitransformer.families import FAMILIES
 from minitransformer.models import GPT
 from minitransformer.tokenizers import CharTokenizer
@@ -214,6 +215,14 @@ def test_seq2seq_shows_encoder_decoder_and_cross_attention(bpe, tmp_path):
         fig = attention_figure(views)
     assert len(_panels(fig)) == (2 + 3 + 3) * 2
     plt.close(fig)
+    # a layer only the deeper stacks have: the decoder's and cross-attention's panels
+    with plot_context(figure_texts(views)):
+        fig = attention_figure(views, layer=2)
+    assert sorted(g.rsplit(":", 2)[0] for g in _panels(fig)) == \
+        ["attn:cross-attention"] * 2 + ["attn:decoder self-attention"] * 2
+    plt.close(fig)
+    with pytest.raises(UserError, match="--layer 3 is out of range: the model has 3 layers"):
+        attention_figure(views, layer=3)
     out = tmp_path / "s2s.png"
     # Without --target the decoder side is the model's own greedy translation.
     assert main(["attention", str(tmp_path / "s2s"), "--text", "the dog", "--out",

@@ -13,8 +13,8 @@ from .walkthrough import DISPLAY_TOKENS, walkthrough_doc
 
 def _check_choice(value: int, n: int, what: str) -> None:
     if not 0 <= value < n:
-        raise UserError(f"--{what} {value} is out of range: the model has {n} {what}s "
-                        f"(0 .. {n - 1})")
+        raise UserError(f"--{what} {value} is out of range: the model has {n} {what}"
+                        f"{'s' if n != 1 else ''} (0 .. {n - 1})")
 
 
 def explain_gpt(model, tokenizer, text: str, layer: int = 0, head: int = 0,

@@ -24,9 +24,17 @@ def _select(n: int, chosen: int | None, what: str) -> list[int]:
     if chosen is None:
         return list(range(n))
     if not 0 <= chosen < n:
-        raise UserError(f"--{what} {chosen} is out of range: the model has {n} {what}s "
-                        f"(0 .. {n - 1})")
+        raise UserError(f"--{what} {chosen} is out of range: the model has {n} {what}"
+                        f"{'s' if n != 1 else ''} (0 .. {n - 1})")
     return [chosen]
+
+
+def _rows(views: list[AttentionView], layer: int | None) -> list[tuple[AttentionView, int]]:
+    """(view, layer) of each row of panels: every layer, or the one asked for in each stack
+    that has it (an encoder and a decoder may differ in depth)."""
+    deepest = max(v.n_layer for v in views)
+    _select(deepest, layer, "layer")  # out of range for every stack: the error
+    return [(v, i) for v in views for i in range(v.n_layer) if layer is None or i == layer]
 
 
 def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
@@ -53,7 +61,7 @@ def attention_figure(views: list[AttentionView], layer: int | None = None,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(v, layer_i) for v in views for layer_i in _select(v.n_layer, layer, "layer")]
+    rows = _rows(views, layer)
     heads = _select(max(v.n_head for v in views), head, "head")
     longest = max(max(len(v.query_labels), len(v.key_labels)) for v in views)
     side = min(max(2.6, 0.2 * min(longest, MAX_TICKS) + 1.2), 9.0)  # inches per panel
