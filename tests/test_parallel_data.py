@@ -200,6 +200,14 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible):
     r = run_cli("evaluate", run, "--limit", "8", "--max-len", "5", "--examples", "1")
     assert r.returncode == 0, r.stderr
     assert "greedy   BLEU" in r.stdout and "beam 4   BLEU" in r.stdout
+    assert f"{corpus}: 8 test pairs" in r.stdout, r.stdout
+    # another corpus is a test set: all of its pairs are scored, not a 3% split of them
+    other = tmp_path / "other.tsv"
+    other.write_text("\n".join(rows[:41]) + "\n", encoding="utf-8")
+    r = run_cli("evaluate", run, "--data", other, "--max-len", "5", "--beam", "1",
+                "--examples", "0")
+    assert r.returncode == 0, r.stderr
+    assert "(all 40 pairs)" in r.stdout and f"{other}: all 40 pairs" in r.stdout, r.stdout
     r = run_cli("train", "--out", run, "--resume", "--max_iters", "9", "--quiet")
     assert r.returncode == 0, r.stderr
     assert json.loads((run / "checkpoints" / "step_0000009" / "config.json")

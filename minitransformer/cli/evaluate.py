@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     g.add_argument("--tgt", default=None, metavar="COLUMN",
                    help="target column of a --data TSV (default: as in training)")
     g.add_argument("--split", choices=["test", "valid", "train"], default=None,
-                   help="the split to score with BLEU (default test)")
+                   help="the split to score with BLEU (default test; with --data naming "
+                        "another corpus than the run's, all of its pairs)")
     g.add_argument("--limit", type=positive_int, default=None,
                    help="score only the first N pairs of the split")
     g.add_argument("--examples", type=nonneg_int, default=None,

@@ -21,6 +21,7 @@ from ..data import (
     source_ids,
     split_indices,
 )
+from ..data.cache import recorded_source
 from ..data.text import BUNDLED
 from ..models import Seq2SeqTransformer
 from ..models.decoding import MAX_LENGTH_PENALTY, longest_output, translate_many
@@ -109,17 +110,22 @@ class Seq2SeqFamily(Family):
 
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
                source_tgt: str | None = None, newline: str | None = None,
-               text_field: str | None = None, columns: dict | None = None) -> Prepared:
+               text_field: str | None = None, columns: dict | None = None,
+               whole: bool = False) -> Prepared:
         """The run's corpus (or ``source``) read again; ``columns``: {"src": ..., "tgt": ...}
-        to read instead of the columns the run was trained on (evaluate --src / --tgt)."""
+        to read instead of the columns the run was trained on (evaluate --src / --tgt);
+        ``whole``: every pair in every split (a test set), not split 94/3/3."""
         refuse_text_field(text_field)
         data = meta.get("data", {})
         data_cfg = self._data_config({**data.get("config", {}), **(columns or {})})
         if source_tgt is None and source == data.get("source"):
             source_tgt = data.get("source_tgt")
         corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
-        return self._prepared(corpus, split_indices(corpus.groups), tokenizer, source,
-                              source_tgt, encoding, data_cfg)
+        every = list(range(len(corpus)))
+        splits = dict.fromkeys(("train", "valid", "test"), every) if whole else \
+            split_indices(corpus.groups)
+        return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding,
+                              data_cfg)
 
     def _prepared(self, corpus, splits, tokenizer, source, source_tgt, encoding,
                   data_cfg) -> Prepared:
@@ -178,14 +184,21 @@ class Seq2SeqFamily(Family):
         if columns and "data" not in options:
             raise NotApplicable(f"--{next(iter(columns))} names a column of --data; without "
                                 f"it the run's own corpus is read as in training")
-        prepared = self.reopen(meta, tokenizer, source, encoding, columns=columns)
+        own = meta.get("data", {}).get("source")
+        whole = not options.get("split") and (  # another corpus: a test set, all of it
+            own is None or recorded_source([source]) != recorded_source([own]))
+        prepared = self.reopen(meta, tokenizer, source, encoding, columns=columns,
+                               whole=whole)
+        split, where = options.get("split") or "test", "valid split, as in training"
+        if whole:
+            split, where = "all", f"all {len(prepared.extra['corpus']):,} pairs"
         cfg = train_config(meta)
         built_task = self.build(prepared, self.saved_fields(meta), cfg.seed).task
         loss = estimate_loss(model, built_task, "val", options.get("batch_size")
                              or cfg.batch_size, options.get("eval_iters") or cfg.eval_iters,
                              device, pick_dtype(cfg.dtype, device), options.get("seed") or 0)
-        lines = [f"val loss {loss:.4f} nats/target token (valid split, as in training)"]
-        return lines + bleu_lines(model, tokenizer, prepared, options.get("split") or "test",
+        lines = [f"val loss {loss:.4f} nats/target token ({where})"]
+        return lines + bleu_lines(model, tokenizer, prepared, split,
                                   options.get("limit"), options.get("examples", 3), opts,
                                   device, options.get("bleu_tokenize"))
 
@@ -314,14 +327,15 @@ def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | No
     from sacrebleu.metrics import BLEU
 
     corpus = prepared.extra["corpus"]
-    idx = prepared.extra["splits"][split][:limit or None]
+    idx = prepared.extra["splits"]["test" if split == "all" else split][:limit or None]
     if not idx:
         raise NotApplicable(f"the {split} split of {prepared.source} is empty")
     refs = [corpus.tgt[i] for i in idx]
     sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx], "test source")
     scheme, why = bleu_tokenizer(refs, tokenize)
-    lines = [f"{prepared.source}: {len(idx):,} {split} pairs {corpus.src_lang} -> "
-             f"{corpus.tgt_lang}", f"BLEU tokenizer {scheme}: {why}"]
+    which = f"all {len(idx):,}" if split == "all" else f"{len(idx):,} {split}"
+    lines = [f"{prepared.source}: {which} pairs {corpus.src_lang} -> {corpus.tgt_lang}",
+             f"BLEU tokenizer {scheme}: {why}"]
     try:
         bleu = BLEU(tokenize=scheme)
     except RuntimeError as e:  # ja-mecab / ko-mecab without their packages
