@@ -247,6 +247,12 @@ def test_explain_needs_a_folder_and_html(tmp_path, capsys):
     assert main(["explain", "--worked-example", "--out",
                  str(tmp_path / "no" / "such" / "x.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    for flag, value in (("--layer", "1"), ("--top_k", "3"), ("--which", "last"),
+                        ("--which", "best")):  # a model's choices: the example has no model
+        assert main(["explain", "--worked-example", "--out", str(tmp_path / "w.html"), flag,
+                     value]) == 2
+        assert f"{flag} picks what a model's page shows" in capsys.readouterr().err
+    assert not (tmp_path / "w.html").exists()
 
 
 def test_explain_says_which_families_it_covers(tmp_path, capsys):

@@ -182,8 +182,10 @@ def add_run_dir(parser: argparse.ArgumentParser, which: bool = True) -> None:
         add_which(parser)
 
 
-def add_which(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--which", choices=["best", "last"], default="best",
+def add_which(parser: argparse.ArgumentParser, default: str | None = "best") -> None:
+    """--which; ``default`` None where the command must tell it given (None then means
+    best)."""
+    parser.add_argument("--which", choices=["best", "last"], default=default,
                         help="best: the run folder's best model; last: its newest checkpoint "
                              "(default best)")
 

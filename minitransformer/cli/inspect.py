@@ -28,7 +28,7 @@ def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
 
 def cmd_attention(args) -> int:
     out = _check_suffix(args.out, ".png")
-    run = load_run(args.dir, args.which, "cpu")
+    run = load_run(args.dir, args.which or "best", "cpu")
     views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
     save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
     shown = [f"layer {args.layer}" if args.layer is not None else "every layer",
@@ -43,8 +43,8 @@ def cmd_explain(args) -> int:
     if args.worked_example:
         if args.dir or args.text is not None:
             raise UserError("--worked_example takes no checkpoint folder or --text")
-        given = next((f for f in ("layer", "head", "top_k") if getattr(args, f) is not None),
-                     None)
+        given = next((f for f in ("layer", "head", "top_k", "which")
+                      if getattr(args, f) is not None), None)
         if given:
             raise UserError(f"--{given} picks what a model's page shows; the worked example "
                             f"has none")
@@ -55,7 +55,7 @@ def cmd_explain(args) -> int:
         raise UserError("give a checkpoint folder (or --worked_example)")
     if args.text is None:
         raise UserError("give the text to walk through with --text")
-    run = load_run(args.dir, args.which, "cpu")
+    run = load_run(args.dir, args.which or "best", "cpu")
     run.family.require("explain")
     source = data_label(run.meta, str(args.dir))
     doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer or 0,
@@ -102,5 +102,5 @@ def add_explain(sub) -> None:
     e.add_argument("--lang", choices=LANGS, default="en",
                    help="the language the page opens in, en or zh (default en); a button on "
                         "the page switches")
-    add_which(e)
+    add_which(e, default=None)
     e.set_defaults(func=cmd_explain)
