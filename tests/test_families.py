@@ -161,6 +161,10 @@ def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys,
     latin = capsys.readouterr().out
     assert main(["translate", str(out["seq2seq"]), "café naïve", "--beam", "1"]) == 0
     assert capsys.readouterr().out == latin
+    for texts, said in ((["   "], "the sentence is empty"),
+                        (["café", "", "naïve"], "sentence 2 of 3 is empty")):
+        assert main(["translate", str(out["seq2seq"]), *texts]) == 2
+        _user_error(capsys, said)
     for encoding in ("latin-1", None):  # standard input: the locale's encoding by default
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
             "caf\xe9 na\xefve\n".encode("latin-1")), encoding="utf-8"))

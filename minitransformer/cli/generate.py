@@ -244,8 +244,12 @@ def _read_lines(args) -> list[str]:
             raise UserError("--encoding is the encoding of --input; there is none")
         if not args.text:
             raise UserError("nothing to translate: give a sentence or --input FILE")
-        if not any(text.strip() for text in args.text):
+        empty = [i for i, text in enumerate(args.text, 1) if not text.strip()]
+        if len(args.text) == 1 and empty:
             raise UserError("the sentence is empty: give some text to translate")
+        if empty:
+            raise UserError(f"sentence {empty[0]} of {len(args.text)} is empty: give some text "
+                            f"to translate (--input FILE keeps a file's empty lines empty)")
         return list(args.text)
     if args.text:
         raise UserError("give the text or --input FILE, not both")
