@@ -218,7 +218,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
                    help=f"GNMT length penalty alpha for beam search, 0 = off, at most "
                         f"{MAX_LENGTH_PENALTY:g} (default 0.6, as in the paper)")
     g.add_argument("--max_len", type=positive_int, default=None,
-                   help="longest translation in tokens (default 1.5 x each sentence's source + 10)")
+                   help="longest translation in tokens (default 1.5 x each sentence's source + "
+                        "10, or --min_len where that is more)")
 
 
 class HelpFormatter(argparse.HelpFormatter):

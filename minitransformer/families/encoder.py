@@ -109,8 +109,9 @@ class EncoderFamily(StreamFamily):
         device = next(model.parameters()).device
         acc, base = built.task.accuracy(model, "val", train_cfg.batch_size,
                                         train_cfg.eval_iters, device)
-        return [f"best model: val masked-token accuracy {acc:.1%} (always guessing the most "
-                f"frequent token: {base:.1%})",
+        windows = train_cfg.batch_size * train_cfg.eval_iters
+        return [f"best model: val masked-token accuracy {acc:.1%} on {windows:,} windows "
+                f"(always guessing the most frequent token: {base:.1%})",
                 f"evaluate it: minitransformer evaluate {run_dir}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:

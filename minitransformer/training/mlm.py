@@ -85,8 +85,8 @@ class MaskedLMTask(WindowTask):
         pred = logits.argmax(dim=-1).cpu()  # (1, T)
         filled = torch.where(chosen, pred, window)[0].tolist()
         right, total = masked_accuracy(logits.cpu(), targets)
-        acc, base = self.accuracy(model, "val", 16, 4, device)
+        acc, base = self.accuracy(model, "val", 16, 4, device)  # a quick look: 64 windows
         return (f"{self.show(tokenizer, inputs[0].tolist(), chosen[0].tolist())}\n"
                 f"-> {self.show(tokenizer, filled, [i == self.mask_id for i in filled])}\n"
-                f"({right}/{total} filled right; val masked-token accuracy {acc:.1%}, "
-                f"most-frequent-token baseline {base:.1%})")
+                f"({right}/{total} filled right; val masked-token accuracy {acc:.1%} on 64 "
+                f"windows, most-frequent-token baseline {base:.1%})")
