@@ -15,6 +15,7 @@ Shapes: B batch, S source length, T target length.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -65,7 +66,31 @@ def train_toy(task: ToyTask = "reverse", steps: int = 400, batch_size: int = 64,
               max_length: int = 10, seed: int = 0, config: Seq2SeqConfig | None = None,
               learning_rate: float = 3e-3, warmup: int = 50, log=None) -> Seq2SeqTransformer:
     """Train a fresh model on the toy task: Adam (betas 0.9, 0.98, as in the paper), linear
-    warmup, then cosine decay to 0 (the decay is what takes it from ~80% to ~100% exact)."""
+    warmup, then cosine decay to 0 (the decay is what takes it from ~80% to ~100% exact).
+    On one CPU thread (``one_thread``) unless OMP_NUM_THREADS says otherwise."""
+    with one_thread():
+        return _train(task, steps, batch_size, max_length, seed, config, learning_rate, warmup,
+                      log)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """PyTorch on one CPU thread inside, as before after: a model this small trains several
+    times faster so (threads cost more than they share here); OMP_NUM_THREADS, when set,
+    wins."""
+    if "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(task, steps, batch_size, max_length, seed, config, learning_rate, warmup,
+           log) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
     config = config or toy_config()
     model = Seq2SeqTransformer(config)
@@ -108,8 +133,11 @@ def exact_match(model: Seq2SeqTransformer, task: ToyTask, n: int = 500, max_leng
 
 def run_toy(task: str = "reverse", steps: int = 400, seed: int = 0, echo=print) -> int:
     """Train the toy task and show what the model does with it (``minitransformer toy``)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # a model this small runs fastest on one thread
+    with one_thread():  # decoding too
+        return _show_toy(task, steps, seed, echo)
+
+
+def _show_toy(task: str, steps: int, seed: int, echo) -> int:
     t0 = time.perf_counter()
     model = train_toy(task, steps, seed=seed, log=echo)
     echo(f"trained {model.num_params():,} parameters in {time.perf_counter() - t0:.1f}s")

@@ -189,3 +189,12 @@ def test_pre_ln_gelu_variant_trains_a_step():
     loss.backward()
     assert math.isfinite(loss.item())
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_train_toy_runs_on_one_thread_and_gives_the_count_back(monkeypatch):
+    """A model this small trains several times faster on one thread: the library function
+    (docs/seq2seq.md's snippet) takes one as the command does, and restores the count."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before, seen = torch.get_num_threads(), []
+    train_toy("copy", steps=2, log=lambda _: seen.append(torch.get_num_threads()))
+    assert seen == [1] and torch.get_num_threads() == before
