@@ -32,7 +32,15 @@ __all__ = ["FAMILIES", "GPT", "PRESETS", "BPETokenizer", "CharTokenizer", "Encod
            "load_run", "save_hf", "scaled_dot_product_attention"]  # _WHERE's names, PRESETS
 
 
+# the modules a plain ``import minitransformer`` once loaded with the names above: still
+# reachable as attributes (``minitransformer.models.GPT``)
+_MODULES = {"config", "data", "errors", "families", "interop", "io", "models", "nn", "presets",
+            "tokenizers", "training", "viz"}
+
+
 def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)  # sets the attribute itself
     if name == "PRESETS":  # every family's named settings: {family: {preset: fields}}
         value = {n: family.presets for n, family in __getattr__("FAMILIES").items()}
     elif name in _WHERE:

@@ -180,6 +180,7 @@ def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():
     names = {"PRESETS", *minitransformer._WHERE}
     assert set(minitransformer.__all__) == names and len(minitransformer.__all__) == len(names)
     assert all(getattr(minitransformer, name) is not None for name in names)
+    assert minitransformer.models.GPT is minitransformer.GPT  # subpackages, as before
     stop_at_torch = (
         "import sys\n"
         "class Stop:\n"

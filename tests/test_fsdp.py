@@ -146,3 +146,13 @@ def test_process_refusals_come_before_the_data_is_read(tmp_path, capsys, monkeyp
                  str(tmp_path / "run"), "--preset", "debug", "--quiet", *extra])
     err = capsys.readouterr().err
     assert code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_world_size_without_rank_is_one_process(tmp_path, capsys, monkeypatch):
+    """WORLD_SIZE alone (no RANK) is not torchrun: one process, whose batch need not split."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code = main(["train", "--data", str(tmp_path / "no-such.txt"), "--out",
+                 str(tmp_path / "run"), "--preset", "debug", "--quiet", "--batch_size", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "multiple of processes" not in err and "no-such.txt" in err, err

@@ -74,7 +74,7 @@ def test_temperature_to_zero_approaches_greedy():
     assert torch.equal(sample_next(logits, temperature=0.0), torch.tensor([[1]]))
 
 
-@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-40, 1e-45])
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-40, 1e-45, 1e-46, 1e-300, 5e-324])
 def test_a_vanishing_temperature_draws_the_largest_logit(temperature):
     """logits / 1e-40 overflow float32 to inf and softmax(inf - inf) is NaN: such a
     temperature still draws as greedy does, with top-k / top-p, one generator or a row

@@ -310,9 +310,10 @@ def test_json_sent_as_text_is_told_its_content_type(url, client):
 
 
 def test_an_empty_body_an_unknown_chat_model_and_the_default_max_tokens(url, client, run):
-    status, answer = post(url, b"")
-    assert status == 400 and answer["error"]["message"] == \
-        "the request body is empty: send a JSON object"
+    for kind in ("application/json", "text/plain"):
+        status, answer = post(url, b"", {"Content-Type": kind})
+        assert status == 400 and answer["error"]["message"] == \
+            "the request body is empty: send a JSON object"
     status, answer = post(url, b'{"model": "gpt-4o", "messages": []}', path="v1/chat/completions")
     assert status == 404 and answer["error"]["code"] == "model_not_found"
     # max_tokens not given: OpenAI's 16, or the server's limit where that is lower

@@ -42,9 +42,10 @@ def add_parser(sub) -> None:
                    help="requests waiting or running at once; one more is answered 429 "
                         "(default 64)")
     s.add_argument("--max_batch", type=positive_int, default=16,
-                   help="unseeded requests with the same sampling settings decoded together "
-                        "as one batch, prompts of any length; a seeded request is always "
-                        "decoded alone; 1 = one at a time (default 16)")
+                   help="unseeded one-prompt requests with the same sampling settings "
+                        "decoded together as one batch, prompts of any length; a seeded or "
+                        "several-prompt request is decoded alone; 1 = one at a time "
+                        "(default 16)")
     s.add_argument("--max_tokens", type=positive_int, default=1024,
                    help="the most tokens one request may ask for (default 1024)")
     s.add_argument("--lang", choices=LANGS, default="en",

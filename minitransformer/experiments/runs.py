@@ -144,7 +144,7 @@ def new_run(req: TrainRequest, echo=print):
     train_cfg = _train_config(train_f, req.fields, (lambda _: None) if sized else echo)
     if not sized:  # the sizes are known: a setting that cannot work fails before the data
         family.check_fields(model_f)
-    _check_launch(family, train_cfg, bool(req.lora), batch_known=not sized)
+    _check_launch(family, train_cfg, "lora_rank" in req.lora, batch_known=not sized)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
                               model_f, req.tokenizer, req.data_tgt, req.newline,
                               text_field=req.text_field)
@@ -197,7 +197,7 @@ def pretrained_run(req: TrainRequest, echo=print):
     preset = req.preset or "finetune"
     train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f},
                               req.fields, echo)
-    _check_launch(family, train_cfg, bool(req.lora))
+    _check_launch(family, train_cfg, "lora_rank" in req.lora)
     data = req.data or source.meta.get("data", {}).get("source") or family.default_data
     meta = source.meta if source.kind == "run" else {}
     try:
@@ -259,7 +259,7 @@ def resumed_run(req: TrainRequest):
     fixed = decay_floor(merged, req.fields, lambda _: None)  # resume_notes says the change
     train_cfg = train_config(meta, train_f if fixed is merged else
                              {**train_f, "min_lr": fixed["min_lr"]})
-    _check_launch(family, train_cfg, bool(req.lora) or meta.get("lora") is not None)
+    _check_launch(family, train_cfg, "lora_rank" in req.lora or meta.get("lora") is not None)
     prepared = family.reopen(meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)

@@ -7,9 +7,10 @@ completes its text.
 
 Where the tokenizer knows each token's bytes (our BPE), the tokens' bytes run through one
 UTF-8 decoder: it tells a character still being spelled from bytes that can never form one
-(shown as U+FFFD, as decoding shows them), and a token's ``text_offset`` is the place of the
-character its first byte belongs to. A token holding only part of a character is named
-``bytes:\\xe4\\xbb`` in ``tokens`` and ``top_logprobs``, as OpenAI names such tokens.
+(shown as U+FFFD, as decoding shows them, and shown at once). A token's ``text_offset`` is the
+length of the text decoded before it, so a token that ends or continues a character is placed
+at that character. A token holding only part of a character is named ``bytes:\\xe4\\xbb`` in
+``tokens`` and ``top_logprobs``, as OpenAI names such tokens.
 """
 
 from __future__ import annotations
@@ -29,20 +30,24 @@ def token_bytes(tokenizer, token: int) -> bytes | None:
 
 
 def token_label(tokenizer, token: int) -> str:
-    """A token as logprobs name it: its text, or ``bytes:\\xNN...`` when it holds only part
-    of a character (decoding it alone would give U+FFFD, the same for every such token)."""
-    data = token_bytes(tokenizer, token)
-    if data is None:
-        return tokenizer.decode([token])
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    """A token as logprobs name it: its text decoded alone, or ``bytes:\\xNN...`` when it
+    holds only part of a character (decoding gives U+FFFD, the same for every such token),
+    or its vocabulary entry when decoding gives nothing (a special token)."""
+    text = tokenizer.decode([token])
+    data = token_bytes(tokenizer, token) if "\ufffd" in text else None
+    if data is not None:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    if not text and hasattr(tokenizer, "id_to_token"):
+        return tokenizer.id_to_token(token) or text
+    return text
 
 
 @dataclass
 class TokenInfo:
-    text: str  # the token decoded alone
+    text: str  # the token as logprobs name it (``token_label``)
     start: int  # where its text begins in the completion
     logprob: float
     top: dict[str, float]
@@ -74,9 +79,8 @@ class Choice:
     finish: str | None = None
     cut: int | None = None  # where a stop string begins
 
-    utf8: codecs.IncrementalDecoder = field(
+    utf8: codecs.IncrementalDecoder = field(  # is a character being spelled? (byte tokens)
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    chars: int = 0  # characters the decoder has given so far (tokens with bytes)
 
     def add(self, token: int, logprobs: torch.Tensor | None, k: int, tokenizer) -> None:
         """One new token; ``logprobs`` (V,) when log-probabilities are asked for, with the
@@ -84,8 +88,7 @@ class Choice:
         self.ids.append(token)
         data, start = token_bytes(tokenizer, token), len(self.text)
         if data is not None:
-            start = self.chars
-            self.chars += len(self.utf8.decode(data))
+            self.utf8.decode(data)
         if logprobs is not None:
             top: dict[str, float] = {}
             if k:

@@ -69,8 +69,9 @@ def install_handlers(app) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if request.method == "POST" and kind != "application/json" \
-                and any(tuple(e.get("loc", ())) == ("body",) for e in exc.errors()):
+        if kind != "application/json" and any(
+                tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), (str, bytes))
+                and e.get("input") for e in exc.errors()):
             # FastAPI reads a body as JSON only when it says so: the body arrived as text
             return error_response(400, f"the request body must be JSON sent with "
                                        f"Content-Type: application/json (got "

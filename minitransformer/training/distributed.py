@@ -162,9 +162,12 @@ def check_launch(cfg, lora: bool) -> None:
 
 
 def launched_world_size() -> int:
-    """The process count torchrun announced (1 without it)."""
+    """The process count torchrun announced (1 without it: RANK and WORLD_SIZE, as ``setup``
+    reads them)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 1
     try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+        return max(1, int(os.environ["WORLD_SIZE"]))
     except ValueError:
         return 1
 
