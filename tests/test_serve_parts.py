@@ -272,3 +272,32 @@ def test_a_port_outside_0_to_65535_is_refused_by_the_flag(run_dir, port, capsys)
     assert "--port" in err and ("0 to 65535" in err or "negative" in err), err
     for edge in ("0", "65535"):  # the ends of the range parse
         assert build_parser().parse_args(["serve", "d", "--port", edge]).port == int(edge)
+
+
+def test_offsets_follow_the_text_when_decoding_drops_a_leading_space():
+    """A Llama-style tokenizer (SentencePiece pieces, byte fallback, a decoder that strips the
+    first space): each token's offset is where its text begins in the completion."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    from minitransformer.tokenizers.bpe import BYTE_TOKENS, BPETokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for piece in (*BYTE_TOKENS, "\u2581", "\u2581the", "s", "a", "t", "h", "e", "c"):
+        vocab[piece] = len(vocab)
+    hf = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                          normalizers.Replace(" ", "\u2581")])
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok = BPETokenizer(hf)
+    ids = tok.encode("the cat你s")
+    c = Choice(0, [])
+    for i in ids:
+        c.add(i, torch.log_softmax(torch.zeros(tok.vocab_size), 0), 1, tok)
+    c.end(tok)
+    text, entries = c.take()
+    assert text == "the cat你s"
+    for e in entries:
+        if not e.text.startswith("bytes:") and e.text.strip():
+            assert text[e.start:e.start + len(e.text)] == e.text, (e.text, e.start)
+    assert [e.start for e in entries if e.text.startswith("bytes:")] == [7, 7, 7]

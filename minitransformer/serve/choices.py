@@ -32,7 +32,7 @@ def token_bytes(tokenizer, token: int) -> bytes | None:
 def token_label(tokenizer, token: int) -> str:
     """A token as logprobs name it: its text decoded alone, or ``bytes:\\xNN...`` when it
     holds only part of a character (decoding gives U+FFFD, the same for every such token),
-    or its vocabulary entry when decoding gives nothing (a special token)."""
+    or its vocabulary entry for a special token that decoding drops."""
     text = tokenizer.decode([token])
     data = token_bytes(tokenizer, token) if "\ufffd" in text else None
     if data is not None:
@@ -40,7 +40,8 @@ def token_label(tokenizer, token: int) -> str:
             data.decode("utf-8")
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
-    if not text and hasattr(tokenizer, "id_to_token"):
+    special = hasattr(tokenizer, "token_bytes") and tokenizer.token_bytes(token) is None
+    if not text and special and hasattr(tokenizer, "id_to_token"):
         return tokenizer.id_to_token(token) or text
     return text
 
