@@ -107,6 +107,8 @@ def test_command_works_where_it_applies(runs, family, command, tmp_path):
     ("seq2seq", ["export", "--hf", "{tmp}/hf"], ["export does not apply", "load_checkpoint"]),
     ("gpt", ["evaluate", "--beam", "4"], ["--beam does not apply"]),
     ("encoder", ["evaluate", "--split", "test"], ["--split does not apply"]),
+    ("gpt", ["evaluate", "--data_tgt", "b.txt"], ["--data_tgt does not apply"]),
+    ("seq2seq", ["evaluate", "--data_tgt", "b.txt"], ["--data_tgt is the target file", "both"]),
 ])
 def test_command_that_does_not_apply_is_a_user_error(runs, family, command, words, tmp_path,
                                                     capsys):

@@ -208,6 +208,15 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible):
                 "--examples", "0")
     assert r.returncode == 0, r.stderr
     assert "(all 40 pairs)" in r.stdout and f"{other}: all 40 pairs" in r.stdout, r.stdout
+    greedy = next(line for line in r.stdout.splitlines() if line.startswith("greedy"))
+    # the same test set as two aligned files: the same pairs, the same BLEU
+    for i, name in ((1, "test.en"), (2, "test.es")):
+        (tmp_path / name).write_text("\n".join(row.split("\t")[i] for row in rows[1:41]) + "\n",
+                                     encoding="utf-8")
+    r = run_cli("evaluate", run, "--data", tmp_path / "test.en", "--data_tgt",
+                tmp_path / "test.es", "--max-len", "5", "--beam", "1", "--examples", "0")
+    assert r.returncode == 0, r.stderr
+    assert "all 40 pairs" in r.stdout and greedy in r.stdout, r.stdout
     r = run_cli("train", "--out", run, "--resume", "--max_iters", "9", "--quiet")
     assert r.returncode == 0, r.stderr
     assert json.loads((run / "checkpoints" / "step_0000009" / "config.json")

@@ -14,7 +14,8 @@ from ..training.device import pick_device
 from .flags import add_decoding_flags, add_device, add_run_dir, nonneg_int, positive_int, seed
 
 OPTIONS = ("data", "encoding", "text_field", "eval_iters", "batch_size", "seed", "split", "limit",
-           "examples", "beam", "length_penalty", "max_len", "bleu_tokenize", "src", "tgt")
+           "examples", "beam", "length_penalty", "max_len", "bleu_tokenize", "src", "tgt",
+           "data_tgt")
 
 
 def add_parser(sub) -> None:
@@ -39,6 +40,9 @@ def add_parser(sub) -> None:
                    help="seed of the val batches (default 0, as in training)")
     add_decoding_flags(e)
     g = e.add_argument_group("BLEU (encoder-decoder runs)")
+    g.add_argument("--data_tgt", default=None, metavar="FILE",
+                   help="a test set as two aligned files: --data the source sentences, "
+                        "--data_tgt the target sentences, one per line")
     g.add_argument("--src", default=None, metavar="COLUMN",
                    help="source column of a --data TSV: a header name or an index (default: "
                         "as in training)")

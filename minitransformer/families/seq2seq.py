@@ -72,7 +72,7 @@ class Seq2SeqFamily(Family):
                            "minitransformer.load_checkpoint(DIR)"}
     evaluate_options = frozenset({"data", "encoding", "eval_iters", "batch_size", "seed",
                                   "split", "limit", "examples", "bleu_tokenize", "src",
-                                  "tgt"}) | DECODING
+                                  "tgt", "data_tgt"}) | DECODING
 
     def claims(self, source: str | None, source_tgt: str | None) -> bool:
         """Sentence pairs imply this family: two aligned files, or a .tsv corpus."""
@@ -184,11 +184,14 @@ class Seq2SeqFamily(Family):
         if columns and "data" not in options:
             raise NotApplicable(f"--{next(iter(columns))} names a column of --data; without "
                                 f"it the run's own corpus is read as in training")
+        if "data_tgt" in options and "data" not in options:
+            raise NotApplicable("--data_tgt is the target file beside --data (the source "
+                                "file); give both")
         own = meta.get("data", {}).get("source")
         whole = not options.get("split") and (  # another corpus: a test set, all of it
             own is None or recorded_source([source]) != recorded_source([own]))
-        prepared = self.reopen(meta, tokenizer, source, encoding, columns=columns,
-                               whole=whole)
+        prepared = self.reopen(meta, tokenizer, source, encoding, options.get("data_tgt"),
+                               columns=columns, whole=whole)
         split, where = options.get("split") or "test", "valid split, as in training"
         if whole:
             split, where = "all", f"all {len(prepared.extra['corpus']):,} pairs"
