@@ -263,6 +263,8 @@ BAD = {  # name -> (raw body, status, param)
     "oversized body": (json.dumps({"model": "tiny", "prompt": "a" * 40000}).encode(), 413,
                        None),
     "unknown field": (b'{"model": "tiny", "prompt": "a", "foo": 1}', 400, "foo"),
+    "too many choices": (json.dumps({"model": "tiny", "prompt": ["a"] * 5, "n": 13}).encode(),
+                         400, "n"),
     "unknown stream option": (b'{"model": "tiny", "prompt": "a", "stream": true, '
                               b'"stream_options": {"bar": true}}', 400, "stream_options.bar"),
     "stream_options without stream": (b'{"model": "tiny", "prompt": "a", "stream_options": '

@@ -24,7 +24,7 @@ from ..models.ragged import RaggedBatch
 from .choices import Choice, logprobs_body
 from .errors import APIError
 from .sampling import sample_steps
-from .schemas import MAX_PROMPTS, MAX_STOPS, CompletionRequest
+from .schemas import MAX_CHOICES, MAX_PROMPTS, MAX_STOPS, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the completions API
 
@@ -97,6 +97,10 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
     prompts = [req.prompt] if single else list(req.prompt)
     if not prompts or len(prompts) > MAX_PROMPTS:
         raise APIError(400, f"give 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")
+    if len(prompts) * req.n > MAX_CHOICES:  # one request should not hold the server for long
+        raise APIError(400, f"{len(prompts)} prompts x n {req.n} = {len(prompts) * req.n} "
+                            f"choices; this server writes at most {MAX_CHOICES} a request",
+                       "n", "too_many_choices")
     ids = [_encode(tokenizer, p, None if single else i, max_prompt_tokens)
            if isinstance(p, str) else _token_ids(tokenizer, p, None if single else i,
                                                   max_prompt_tokens)

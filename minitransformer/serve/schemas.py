@@ -16,6 +16,7 @@ from ..config import SEED_LIMIT
 
 MAX_N = 16  # choices per prompt
 MAX_PROMPTS = 16  # prompts per request
+MAX_CHOICES = 64  # prompts x n: what one request may ask the server to write
 MAX_STOPS = 4  # as OpenAI
 MAX_LOGPROBS = 20  # top log-probabilities per token
 MAX_TOP = 50  # top_k of the page's probability view
