@@ -84,6 +84,14 @@ def still_serving(client) -> None:
     assert len(r.choices[0].text) == 3
 
 
+def test_the_page_opens_with_a_prompt_of_the_runs_own_corpus(url, tmp_path):
+    """/api/info: the first line of the run's corpus as the prompt (a Chinese model's page
+    once opened with ROMEO:, which it cannot read); ROMEO: where the corpus is not here."""
+    with urllib.request.urlopen(url + "api/info", timeout=10) as r:
+        info = json.loads(r.read())
+    assert info["prompt"] == "0: To be, or"  # 16 characters at most, cut at a space
+
+
 def test_models(client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert client.models.retrieve("tiny").id == "tiny"
@@ -434,6 +442,11 @@ def test_the_walkthrough_endpoint_and_its_page(url, run):
                         path="api/walkthrough")
     assert status == 400 and "at most" in body["error"]["message"]
     assert_openai_error(body)
+    # tail: the text's last tokens that fit the window (block_size 32 here), as the page asks
+    status, body = post(url, json.dumps({"text": TINY_TEXT[:80], "tail": True}).encode(),
+                        path="api/walkthrough")
+    assert status == 200 and body["dropped"] == 48
+    assert "".join(body["tokens"]).replace("␣", " ").replace("⏎", "\n") == TINY_TEXT[48:80]
     try:
         urllib.request.urlopen(url + "walkthrough/nope", timeout=10)
         raise AssertionError("an unknown walkthrough was served")

@@ -301,3 +301,17 @@ def test_offsets_follow_the_text_when_decoding_drops_a_leading_space():
         if not e.text.startswith("bytes:") and e.text.strip():
             assert text[e.start:e.start + len(e.text)] == e.text, (e.text, e.start)
     assert [e.start for e in entries if e.text.startswith("bytes:")] == [7, 7, 7]
+
+
+def test_starting_texts_come_from_the_corpus_else_a_prompt_the_model_reads(run_dir, tmp_path):
+    from minitransformer.families import load_run
+    from minitransformer.serve.playground import starting_texts
+
+    run = load_run(run_dir)  # its corpus "test" is nowhere, its characters are "abc "
+    assert starting_texts(run) == {}  # nothing it can read: the page keeps its own text
+    (tmp_path / "abc.txt").write_text("\n  ab ca bc abc cab  \nccc\n", encoding="utf-8")
+    run.meta["data"]["source"] = str(tmp_path / "abc.txt")
+    assert starting_texts(run) == {"prompt": "ab ca bc abc cab",
+                                   "masked": "ab ca bc abc ca[MASK]"}
+    run.meta["data"]["source"] = "shakespeare"  # a bundled corpus whose characters it lacks
+    assert starting_texts(run) == {}

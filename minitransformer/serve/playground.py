@@ -13,10 +13,13 @@ translate (with the cross-attention of the result), a masked-LM encoder gets fil
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
+from ..data.text import corpus_path
+from ..errors import UserError
 from ..families.encoder import fills_masks
 from ..viz import page as walk_page
 from ..viz.fonts import cjk_font_file
@@ -27,6 +30,7 @@ from .errors import APIError
 from .probes import encode, fill_mask, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
+TABLE_LIKE = (".jsonl", ".json", ".parquet", ".arrow", ".tsv")  # no first line of text
 ASSETS = {"playground.js": "text/javascript", "playground-words.js": "text/javascript",
           "playground.css": "text/css", "fonts.css": "text/css", **walk_page.ASSETS}
 FONT = "cjk.otf"  # the packaged CJK font, for machines with none of their own
@@ -51,6 +55,49 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
+HEAD_BYTES = 4096  # how much of a corpus ``corpus_line`` reads
+PROMPT = "ROMEO:"  # the page's own first prompt, where the run's corpus says nothing better
+
+
+def corpus_line(run, longest: int = 16) -> str | None:
+    """The first line of the run's own text corpus (its first few KB), at most ``longest``
+    characters cut at a space, as ``train``'s "sample from it" hint takes it; None where the
+    corpus is not a readable text file here or the model cannot read the line."""
+    data = run.meta.get("data") if isinstance(run.meta.get("data"), dict) else {}
+    source = data.get("source")
+    source = source[0] if isinstance(source, list) and source else source
+    if not isinstance(source, str) or Path(source).suffix.lower() in TABLE_LIKE:
+        return None
+    try:
+        with open(corpus_path(source), "rb") as f:
+            head = f.read(HEAD_BYTES)
+        text = head.decode(data.get("encoding") or "utf-8", errors="ignore")
+    except (UserError, OSError, LookupError):  # gone, a folder, an unknown encoding
+        return None
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if len(line) > longest:
+        line = line[:longest].rsplit(" ", 1)[0] or line[:longest]
+    return line if line and readable(run.tokenizer, line) else None
+
+
+def readable(tokenizer, text: str) -> bool:
+    try:
+        return bool(tokenizer.encode(text))
+    except Exception:  # noqa: BLE001 - characters a char tokenizer never saw, in any form
+        return False
+
+
+def starting_texts(run) -> dict[str, str]:
+    """What the page's boxes open with: a prompt from the run's corpus (else ROMEO: where
+    the model can read it), and for a masked-LM encoder the same line, its end masked."""
+    line = corpus_line(run)
+    prompt = line or (PROMPT if readable(run.tokenizer, PROMPT) else None)
+    out = {"prompt": prompt} if prompt else {}
+    if line and len(line) > 1:
+        out["masked"] = line[:-1] + "[MASK]"
+    return out
+
+
 def render_playground(lang: str) -> str:
     """The page opening in ``lang``, with every catalogue embedded for its toggle."""
     return (_read("playground.html").replace("{{html_lang}}", HTML_LANG[lang])
@@ -69,6 +116,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
     """The page, its assets, and /api/... for one loaded run."""
     r = APIRouter()
     page, assets = render_playground(settings.lang), {name: _read(name) for name in ASSETS}
+    texts = starting_texts(run)
     commands = run.family.commands
     api = APIRouter(prefix="/api", dependencies=[Depends(authorized)])
 
@@ -96,7 +144,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
                 "title": run.family.title, **abilities(run), "max_tokens": settings.max_tokens,
                 "block_size": getattr(cfg, "block_size", None),
                 "n_layer": getattr(cfg, "n_layer", None), "n_head": getattr(cfg, "n_head", None),
-                "auth": settings.api_key is not None}
+                "auth": settings.api_key is not None, **texts}
 
     def need(command: str) -> None:
         if command not in commands:

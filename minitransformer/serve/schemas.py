@@ -109,3 +109,5 @@ class WalkthroughRequest(Strict):
     top: int = Field(10, ge=1, le=MAX_TOP, description="next-token probabilities shown")
     lang: Literal["en", "zh"] | None = Field(None, description="the language the page opens "
                                              "in (default: the server's --lang)")
+    tail: bool = Field(False, description="a longer text: walk through its last tokens that "
+                       "fit (64, and block_size), not refuse it")

@@ -23,6 +23,7 @@ from ..errors import UserError
 from ..families.base import data_label
 from ..viz.i18n import msg
 from ..viz.page import render_page
+from ..viz.walkthrough import DISPLAY_TOKENS
 from .errors import APIError
 from .schemas import WalkthroughRequest
 
@@ -60,14 +61,32 @@ def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
     """The family's walkthrough of ``req.text`` as a served page (HTML text) opening in
     ``lang``, and what the API answers about it; a user error becomes a 400."""
     source = data_label(run.meta, run.folder.name)
+    text, dropped = last_tokens(run, req.text) if req.tail else (req.text, 0)
     try:
-        doc = run.family.explain(run.model, run.tokenizer, req.text, req.layer, req.head,
+        doc = run.family.explain(run.model, run.tokenizer, text, req.layer, req.head,
                                  req.top, msg("walk.trained_on", source=source))
     except UserError as e:  # text too long for the page, characters the tokenizer lacks
         raise APIError(400, f"text: {e}", "text", "bad_text") from None
     tokens = next(b["tokens"] for b in doc["steps"][0]["blocks"] if b["kind"] == "tokens")
     page = render_page(doc, lang, assets="/assets/", extra_css=("fonts.css",))
-    return page, {"steps": len(doc["steps"]), "tokens": tokens}
+    return page, {"steps": len(doc["steps"]), "tokens": tokens, "dropped": dropped}
+
+
+def last_tokens(run, text: str) -> tuple[str, int]:
+    """(the end of ``text`` that fits the page and the model's window, tokens left out)."""
+    limit = min(run.model.config.block_size, DISPLAY_TOKENS)
+    try:
+        ids = run.tokenizer.encode(text)
+    except Exception:  # noqa: BLE001 - unseen characters: explain says so, naming them
+        return text, 0
+    kept, dropped = text, 0
+    for _ in range(4):  # decoding a cut may spell its first token anew: cut again
+        if len(ids) <= limit:
+            break
+        dropped += len(ids) - limit
+        kept = run.tokenizer.decode(ids[-limit:])
+        ids = run.tokenizer.encode(kept)
+    return kept, dropped
 
 
 def add_routes(page_router: APIRouter, api: APIRouter, run, worker, lang: str) -> None:

@@ -220,7 +220,7 @@
     const text = state.prompt ? state.prompt + state.generated : $("prompt").value;
     $("walkthrough").disabled = true;
     try {
-      const data = await api("/api/walkthrough", { text, lang: words.lang });
+      const data = await api("/api/walkthrough", { text, lang: words.lang, tail: true });
       const tab = window.open(data.url, "_blank");
       if (tab) tab.opener = null;
       else setStatus("status", ["play.open_walkthrough"], false, data.url);  // popup blocked
@@ -362,6 +362,9 @@
     document.body.dataset.ready = "true";
     $("keybox").hidden = !info.auth;
     setStatus("model", ["play.model_line", { title: info.title, model: info.model }]);
+    // the boxes open with text of the run's own corpus, which its model can read
+    if (info.prompt && !state.prompt) $("prompt").value = info.prompt;
+    if (info.masked) $("masked").value = info.masked;
     if (info.completions) {
       $("gpt").hidden = false;
       const cap = Math.min(info.max_tokens, 1024);
