@@ -309,6 +309,21 @@ def test_messages_name_what_was_given(run_dir, tmp_path, capsys):
     f = files(tmp_path)
     check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--model", "encoder"],
                      "holds a GPT run, not an encoder run")
+    check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--encoding", "gbk"],
+                     "--resume reads the run's own data in its encoding (utf-8)")
+    for argv in (["train", "--data", "sayings", "--out", tmp_path / "o"],
+                 ["evaluate", run_dir, "--data", "sayings"],
+                 ["prepare", "--data", "sayings", "--out", tmp_path / "d"]):
+        check_user_error(capsys, [*argv, "--encoding", "gbk"],
+                         "--encoding gbk: sayings is a bundled corpus, stored as utf-8")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9 " * 200 + b"\x80")  # neither utf-8 nor gbk
+    from minitransformer.data.text import load_text
+    from minitransformer.errors import UserError
+    with pytest.raises(UserError, match="pass the file's own encoding with --encoding"):
+        load_text(str(latin), "gbk")
+    with pytest.raises(UserError, match="if it is GBK, Latin-1 or another encoding"):
+        load_text(str(latin), "utf-8")
     check_user_error(capsys, ["train", "--data", f["ok.txt"], "--data_tgt", f["ok.txt"],
                               "--model", "encoder", "--out", tmp_path / "o"],
                      "an encoder reads one text")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..data.cache import clear_cache
 from ..data.shards import MANIFEST, PARTIAL, TOKENIZER, TOKENS
+from ..data.text import check_encoding_applies
 from ..errors import UserError
 from ..families import FAMILIES, get_family
 from ..families.pretrained import read_tokenizer_source
@@ -100,6 +101,7 @@ def cmd_prepare(args) -> int:
     for flag, value in (("--vocab_size", args.vocab_size), ("--bpe_sample", args.bpe_sample)):
         if value is not None and args.tokenizer in (None, "char"):
             raise UserError(f"{flag} is for a BPE tokenizer; add --tokenizer bpe")
+    check_encoding_applies(args.data, args.encoding)
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,

@@ -79,6 +79,20 @@ def refuse_binary(source, raw: bytes) -> None:
     raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text{hint}")
 
 
+def check_encoding_applies(sources: str | list[str], encoding: str | None) -> None:
+    """--encoding reads the user's own files; a bundled corpus is the package's UTF-8 text."""
+    if encoding is None:
+        return
+    try:
+        utf8 = codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
+    bundled = [s for s in ([sources] if isinstance(sources, str) else sources) if s in BUNDLED]
+    if bundled and not utf8:
+        raise UserError(f"--encoding {encoding}: {bundled[0]} is a bundled corpus, stored as "
+                        f"utf-8; --encoding is for your own files")
+
+
 def load_text(source: str, encoding: str = "utf-8") -> str:
     """Read a corpus as text, refusing empty, binary and wrongly decoded files with a message."""
     path = corpus_path(source)
@@ -100,9 +114,11 @@ def load_text(source: str, encoding: str = "utf-8") -> str:
     except LookupError:
         raise UserError(f"unknown encoding {encoding!r}") from None
     except UnicodeDecodeError as e:
-        raise UserError(
-            f"{source} is not valid {encoding} (byte {e.start}); if it is GBK, Latin-1 or "
-            f"another encoding, pass --encoding, e.g. --encoding gbk") from None
+        advice = "if it is GBK, Latin-1 or another encoding, pass --encoding, e.g. --encoding " \
+            "gbk" if codecs.lookup(encoding).name == "utf-8" else \
+            "pass the file's own encoding with --encoding (utf-8, gbk, big5, latin-1, ...)"
+        raise UserError(f"{source} is not valid {encoding} (byte {e.start}); {advice}") \
+            from None
     if text.startswith("\ufeff"):
         text = text[1:]
     return text

@@ -24,6 +24,7 @@ import torch
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..data.shards import is_prepared
+from ..data.text import check_encoding_applies
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
@@ -136,6 +137,7 @@ def new_run(req: TrainRequest, echo=print):
         raise UserError(f"--tokenizer {req.tokenizer} does not apply to {family.title} runs "
                         f"(they use {' or '.join(family.tokenizers)})")
     check_char_vocabulary(family, req.data, req.tokenizer, "vocab_size" in req.fields)
+    check_encoding_applies(req.data or family.default_data, req.encoding)
     base = family.preset(req.preset)
     _note_kept_width(req.preset or family.default_preset, base, req.fields, echo)
     model_f, train_f = split_for(family, with_preset(base, req.fields))
@@ -199,6 +201,7 @@ def pretrained_run(req: TrainRequest, echo=print):
                               req.fields, echo)
     _check_launch(family, train_cfg, "lora_rank" in req.lora)
     data = req.data or source.meta.get("data", {}).get("source") or family.default_data
+    check_encoding_applies(data, req.encoding)
     meta = source.meta if source.kind == "run" else {}
     try:
         prepared = family.reopen(meta, source.tokenizer, data, req.encoding or "utf-8",
@@ -248,6 +251,10 @@ def resumed_run(req: TrainRequest):
     tokenizer = ckpt.read_tokenizer(found[-1])
     if req.newline is not None and req.newline != data.get("newline", "normalize"):
         raise UserError("--resume keeps the run's --newline; drop it")
+    if req.encoding is not None and req.data is None and \
+            req.encoding != data.get("encoding", "utf-8"):
+        raise UserError(f"--resume reads the run's own data in its encoding "
+                        f"({data.get('encoding', 'utf-8')}); --encoding is for a new --data")
     field = data.get("text_field")  # --data alone (a moved file): the run's field
     if req.text_field is not None and req.text_field != data.get("text_field", "text"):
         if req.data is None:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig, config_from_dict, field_names
+from ..data.text import check_encoding_applies
 from ..errors import ConfigError, UserError
 from ..io import RUN_FORMAT, load_tensors
 from ..presets import get_preset
@@ -274,6 +275,7 @@ def data_source(meta: dict, options: dict) -> tuple[str | list[str], str]:
     source = options.get("data") or data.get("source")
     if not source:
         raise NotApplicable("the checkpoint does not name its corpus; pass --data")
+    check_encoding_applies(source, options.get("encoding"))
     return source, options.get("encoding") or data.get("encoding", "utf-8")
 
 
