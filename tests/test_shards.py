@@ -204,3 +204,8 @@ def test_a_lopsided_split_is_noted(tmp_path, capsys, monkeypatch):
         (even / f"{i:02d}.txt").write_text(f"document {i} " * 40, encoding="utf-8")
     assert main(["prepare", "--data", str(even), "--out", str(tmp_path / "e")]) == 0
     assert "note:" not in capsys.readouterr().out
+    # one short text: its split only rounds (1 of 4 tokens), never between documents
+    (tmp_path / "s4.txt").write_text("山高月小", encoding="utf-8")
+    assert main(["prepare", "--data", str(tmp_path / "s4.txt"), "--out", str(tmp_path / "s")]) \
+        == 0
+    assert "note:" not in capsys.readouterr().out

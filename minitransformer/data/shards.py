@@ -187,6 +187,8 @@ def split_note(manifest: dict) -> str | None:
     """A note when the val split, cut at a document boundary, is far from ``val_fraction`` of
     the tokens (a few documents of very different lengths); None when it is close."""
     n, asked = manifest["tokens"], manifest["val_fraction"]
+    if manifest.get("documents", 2) <= 1:  # one text splits at the fraction (a short one
+        return None  # only rounds: 1 of 4 tokens is 25%), never between documents
     share = (n - manifest["val_start"]) / max(n, 1)
     if asked / 2 <= share <= max(2 * asked, asked + 0.05):
         return None
