@@ -135,6 +135,26 @@ def test_no_cjk_font_gives_a_warning_not_silent_boxes(zh_run, monkeypatch):
         assert fonts.font_families(["plain ASCII"]) == ["DejaVu Sans"]
 
 
+def test_emoji_get_their_own_warning_once_and_joiners_need_no_glyph(zh_run, tmp_path,
+                                                                     monkeypatch, capsys):
+    """An emoji sequence: the zero-width joiners and the variation selector draw nothing (no
+    warning for them); the emoji themselves are named once, without CJK advice that cannot
+    help; the command prints that as one line, not Python's file:line and source line."""
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467\u2764\ufe0f"
+    with pytest.warns(fonts.MissingGlyphWarning) as caught:
+        fonts.font_families([family])
+    message = str(caught[0].message)
+    assert "\u200d" not in message and "\ufe0f" not in message and "CJK" not in message
+    assert "\U0001F468" in message and "colour emoji" in message
+    monkeypatch.setattr(fonts, "_candidates", lambda: ())  # no CJK font: a warning to print
+    folder, _, _ = zh_run
+    assert main(["attention", str(folder), "--text", SENTENCE, "--out",
+                 str(tmp_path / "a.png")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: no font here has the characters") and "CJK font" in err
+    assert len(err.strip().splitlines()) == 1 and "heatmap.py" not in err, err
+
+
 def test_layer_and_head_pick_one_panel(zh_run, tmp_path):
     folder, model, tokenizer = zh_run
     views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)

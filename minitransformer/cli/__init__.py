@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 
 from ..errors import UserError
 from ..nn.kernels import kernel_setting_problem
@@ -51,7 +52,19 @@ def build_parser() -> Parser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The package's own warnings as one line (not Python's file:line and source line)."""
+    if category.__module__.startswith("minitransformer"):
+        print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _PYTHON_SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOW_WARNING = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

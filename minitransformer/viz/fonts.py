@@ -15,7 +15,10 @@ If no font covers some characters, a warning names them instead of drawing silen
 from __future__ import annotations
 
 import functools
+import unicodedata
 import warnings
+
+from ..tokenizers.fitting import is_cjk
 
 BASE_FAMILY = "DejaVu Sans"
 # Family names of CJK fonts commonly installed by operating systems.
@@ -86,7 +89,7 @@ def font_families(texts) -> list[str]:
     """
     from matplotlib import font_manager
 
-    needed = {ord(ch) for text in texts for ch in str(text) if not ch.isspace()}
+    needed = {ord(ch) for text in texts for ch in str(text) if drawn(ch)}
     base = _charmap(font_manager.findfont(BASE_FAMILY))
     missing = needed - base
     families = [BASE_FAMILY]
@@ -99,11 +102,20 @@ def font_families(texts) -> list[str]:
             missing -= covers
     if missing:
         shown = "".join(sorted(chr(c) for c in missing)[:20])
-        warnings.warn(
-            f"no font here has the characters {shown!r}: they will show as boxes. Install a "
-            f"CJK font (pip install cvttf-NotoSansCJK-Regular, or apt-get install "
-            f"fonts-noto-cjk) and run again", MissingGlyphWarning, stacklevel=2)
+        advice = ("Install a CJK font (pip install cvttf-NotoSansCJK-Regular, or apt-get "
+                  "install fonts-noto-cjk) and run again") if any(map(is_cjk, map(chr, missing))) \
+            else "matplotlib draws no colour emoji, and no font found here has these symbols"
+        warnings.warn(f"no font here has the characters {shown!r}: they will show as boxes. "
+                      f"{advice}", MissingGlyphWarning, stacklevel=2)
     return families
+
+
+def drawn(ch: str) -> bool:
+    """Whether ``ch`` needs a glyph: not a space, a control or format character (the zero-width
+    joiner of emoji sequences) or a variation selector, which fonts draw as nothing."""
+    o = ord(ch)
+    return not (ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")
+                or 0xFE00 <= o <= 0xFE0F or 0xE0100 <= o <= 0xE01EF)
 
 
 def is_wide(ch: str) -> bool:

@@ -8,6 +8,8 @@ catalogues (``i18n.py``), in English or Chinese.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 
 from ..errors import UserError
@@ -106,11 +108,16 @@ def figure_texts(views: list[AttentionView], title: str | None = None,
     return texts
 
 
+@contextlib.contextmanager
 def plot_context(texts):
-    """An rc_context whose font chain covers every character in ``texts``."""
+    """An rc_context whose font chain covers every character in ``texts``; characters none
+    covers were named once by ``font_families`` (not again per glyph by matplotlib)."""
     import matplotlib.pyplot as plt
 
-    return plt.rc_context({"font.family": font_families(texts), "axes.unicode_minus": False})
+    with plt.rc_context({"font.family": font_families(texts), "axes.unicode_minus": False}), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
+        yield
 
 
 def save_attention_png(views: list[AttentionView], out, layer: int | None = None,
