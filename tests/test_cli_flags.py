@@ -158,3 +158,14 @@ def test_a_stray_flag_after_the_words_is_still_an_error(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["translate", "runs/mt", "--beam", "1", "text", "--nope"])
     assert "unrecognized arguments: text --nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["sample", "run", "--prompt", "ab\udce6\udc98"],
+                                  ["translate", "run", "ok", "b\udce6"],
+                                  ["attention", "run", "--text", "\udce6", "--out", "a.png"]])
+def test_text_the_terminal_could_not_decode_is_named_so(argv, capsys):
+    """Undecodable argument bytes reach Python as lone surrogates: a one-line error about the
+    terminal's encoding, not unseen characters '\\udce6' after the model has loaded."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not valid text in this terminal's encoding" in err and len(err.splitlines()) == 1

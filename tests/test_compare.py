@@ -222,6 +222,7 @@ def test_loss_at_length_equals_direct_cross_entropy():
     (["n_embd=63,64"], "divisible"),  # found before the corpus is read
     (["vocab_size=300,500"], "a char tokenizer has one id per character"),
     (["n_layer=1,2", "--vocab_size=500"], "a char tokenizer has one id per character"),
+    (["tokenizer=char,bpe-chars"], "every variant reads one corpus, prepared once"),
 ])
 def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]

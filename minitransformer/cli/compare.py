@@ -68,10 +68,19 @@ def add_parser(sub) -> None:
     c.set_defaults(func=cmd_compare)
 
 
+# compare's flags that every variant shares: what --vary says of them
+SHARED = {"tokenizer": "its tokenizer", "encoding": "its encoding", "data": "its corpus"}
+
+
 def _converter(hints: dict):
     """(field, text) -> a value of the field's type, for --vary."""
 
     def convert(name: str, text: str):
+        if name in SHARED:
+            raise UserError(f"--vary {name}: every variant reads one corpus, prepared once, so "
+                            f"{SHARED[name]} is the same for all (--{name}); compare "
+                            f"tokenizers with one compare run each, or train and evaluate "
+                            f"each (bits per character compares them)")
         if name not in hints:
             raise UserError(f"--vary {name}: no such setting{closest(name, hints)}")
         hint = hints[name]

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import inspect
 import re
+import sys
 import textwrap
 import typing
 from functools import cache
@@ -51,6 +52,16 @@ def _whole_number(text: str, smallest: int, too_small: str, limit: int | None = 
     if value < smallest or (limit is not None and value >= limit):
         raise argparse.ArgumentTypeError(f"{too_small if value < smallest else too_large}, "
                                          f"got {value}")
+    return value
+
+
+def cli_text(value: str) -> str:
+    """Text given on the command line. Bytes the terminal's encoding cannot decode reach
+    Python as lone surrogates (U+DC80..U+DCFF): said here, not later as unseen characters."""
+    if any(0xDC80 <= ord(ch) <= 0xDCFF for ch in value):
+        raise argparse.ArgumentTypeError(
+            f"not valid text in this terminal's encoding ({sys.getfilesystemencoding()}): "
+            f"check the locale (LANG), or give the text in a file")
     return value
 
 

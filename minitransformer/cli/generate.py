@@ -26,7 +26,15 @@ from ..models import GPT
 from ..models.generation import ROLLABLE, decoding_weights
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
-from .flags import add_decoding_flags, add_device, add_which, nonneg_int, positive_int, seed
+from .flags import (
+    add_decoding_flags,
+    add_device,
+    add_which,
+    cli_text,
+    nonneg_int,
+    positive_int,
+    seed,
+)
 
 WINDOW_HELP = """\
 past the context window: a model sees at most block_size tokens. --context_shift N: when the
@@ -48,7 +56,8 @@ def add_sample(sub) -> None:
     s.add_argument("--hf", metavar="PATH", default=None,
                    help="a local Hugging Face GPT-2 or Llama folder instead of a run folder "
                         "(default none)")
-    s.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
+    s.add_argument("--prompt", default="\n", type=cli_text,
+                   help="text to continue (default a newline)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
                    help="tokens to generate per sample (default 500)")
     s.add_argument("--num-samples", "--num_samples", type=positive_int, default=1,
@@ -87,7 +96,7 @@ def add_translate(sub) -> None:
                        description="Translate with a trained encoder-decoder: sentences on "
                                    "the command line, or one per line from --input.")
     t.add_argument("dir", help="run folder (or checkpoint folder)")
-    t.add_argument("text", nargs="*", help="sentence(s) to translate")
+    t.add_argument("text", nargs="*", type=cli_text, help="sentence(s) to translate")
     t.add_argument("--input", default=None, metavar="FILE",
                    help="translate each line of FILE ('-' = standard input) (default none: "
                         "the sentences given)")
@@ -112,7 +121,7 @@ def add_fill(sub) -> None:
                                    "minitransformer attention DIR --text '...[MASK]...' draws "
                                    "the attention that fills them.")
     f.add_argument("dir", help="run folder (or checkpoint folder)")
-    f.add_argument("text", nargs="+",
+    f.add_argument("text", nargs="+", type=cli_text,
                    help="text(s) with one or more [MASK] slots ([mask] and <mask> work "
                         "too); with a char tokenizer a slot is one character, with BPE one "
                         "token, the space before it included ('to [MASK].' can give 'to be.')")

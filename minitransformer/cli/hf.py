@@ -20,7 +20,7 @@ from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
-from .flags import HelpFormatter, add_device, add_run_dir
+from .flags import HelpFormatter, add_device, add_run_dir, cli_text
 
 
 def add_embed(sub) -> None:
@@ -31,7 +31,7 @@ def add_embed(sub) -> None:
                     "embedding. Several: prints their cosine similarity matrix. A sentence "
                     "past the folder's max length (max_seq_length, else model_max_length) is "
                     "embedded from its first tokens, with a note.")
-    e.add_argument("sentences", nargs="+", metavar="SENTENCE", help="text to embed")
+    e.add_argument("sentences", nargs="+", type=cli_text, metavar="SENTENCE", help="text to embed")
     e.add_argument("--hf", required=True, metavar="PATH",
                    help="local Hugging Face folder (config.json, model.safetensors, tokenizer)")
     e.add_argument("--embeddings", action="store_true",

@@ -16,7 +16,7 @@ from ..viz.heatmap import save_attention_png
 from ..viz.i18n import LANGS, msg
 from ..viz.page import write_page
 from ..viz.worked import worked_example_doc
-from .flags import add_run_dir, add_which, nonneg_int
+from .flags import add_run_dir, add_which, cli_text, nonneg_int
 
 
 def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
@@ -72,8 +72,8 @@ def add_attention(sub) -> None:
                        description="Draw the attention weights of every layer and head "
                        "(a grid: one row per layer, one column per head) for TEXT.")
     add_run_dir(a)
-    a.add_argument("--text", required=True, help="the text to run through the model")
-    a.add_argument("--target", default=None,
+    a.add_argument("--text", required=True, type=cli_text, help="the text to run through the model")
+    a.add_argument("--target", default=None, type=cli_text,
                    help="encoder-decoder models: the decoder's text (e.g. the translation)")
     a.add_argument("--out", required=True, help="PNG file to write")
     a.add_argument("--layer", type=nonneg_int, default=None, help="only this layer")
@@ -90,7 +90,7 @@ def add_explain(sub) -> None:
                        "the model's real forward pass on TEXT in 8 steps, or the worked "
                        "example of attention by hand (--worked_example).")
     e.add_argument("dir", nargs="?", default=None, help="run folder (or checkpoint folder)")
-    e.add_argument("--text", default=None, help="the text to walk through")
+    e.add_argument("--text", default=None, type=cli_text, help="the text to walk through")
     e.add_argument("--out", required=True, help="HTML file to write")
     e.add_argument("--worked_example", action="store_true",
                    help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
