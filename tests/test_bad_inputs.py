@@ -334,6 +334,11 @@ def test_messages_name_what_was_given(run_dir, tmp_path, capsys):
                      "empty.txt is empty", "holds no text")
     assert main(["prepare", "--data", str(f["ok.txt"]), "--out", str(tmp_path / "dd")]) == 0
     check_user_error(capsys, ["sample", tmp_path / "dd"], "holds prepared data, not a model")
+    check_user_error(capsys, ["train", "--data", tmp_path / "dd", "--out", tmp_path / "o",
+                              "--encoding", "latin-1"], "holds prepared token ids")
+    from minitransformer.data.text import same_encoding
+    assert same_encoding("UTF8", "utf-8") and same_encoding("GBK", "gbk")
+    assert not same_encoding("gbk", "utf-8")
 
 
 def test_a_preset_min_lr_above_a_given_learning_rate_follows_it_down(tmp_path, capsys):

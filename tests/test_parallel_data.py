@@ -201,13 +201,20 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible):
     assert r.returncode == 0, r.stderr
     assert "greedy   BLEU" in r.stdout and "beam 4   BLEU" in r.stdout
     assert f"{corpus}: 8 test pairs" in r.stdout, r.stdout
+    # the run's own pairs under another name (a copy, a moved file): still its test split
+    copy = tmp_path / "copy.tsv"
+    copy.write_bytes(corpus.read_bytes())
+    r = run_cli("evaluate", run, "--data", copy, "--limit", "8", "--max-len", "5", "--beam",
+                "1", "--examples", "0")
+    assert r.returncode == 0 and f"{copy}: 8 test pairs" in r.stdout, r.stdout + r.stderr
     # another corpus is a test set: all of its pairs are scored, not a 3% split of them
     other = tmp_path / "other.tsv"
     other.write_text("\n".join(rows[:41]) + "\n", encoding="utf-8")
     r = run_cli("evaluate", run, "--data", other, "--max-len", "5", "--beam", "1",
                 "--examples", "0")
     assert r.returncode == 0, r.stderr
-    assert "(all 40 pairs)" in r.stdout and f"{other}: all 40 pairs" in r.stdout, r.stdout
+    assert "(batches drawn from all 40 pairs)" in r.stdout, r.stdout
+    assert f"{other}: all 40 pairs" in r.stdout, r.stdout
     greedy = next(line for line in r.stdout.splitlines() if line.startswith("greedy"))
     # the same test set as two aligned files: the same pairs, the same BLEU
     for i, name in ((1, "test.en"), (2, "test.es")):

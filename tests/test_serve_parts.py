@@ -315,3 +315,22 @@ def test_starting_texts_come_from_the_corpus_else_a_prompt_the_model_reads(run_d
                                    "masked": "ab ca bc abc ca[MASK]"}
     run.meta["data"]["source"] = "shakespeare"  # a bundled corpus whose characters it lacks
     assert starting_texts(run) == {}
+
+
+def test_the_walkthrough_tail_starts_at_a_whole_character():
+    """Byte-level BPE splits Chinese characters between tokens: the last 64 tokens of a long
+    text may begin inside one. The tail starts at the next whole character and fits."""
+    from types import SimpleNamespace
+
+    from minitransformer.data.text import load_text
+    from minitransformer.serve.walkthrough import last_tokens
+    from minitransformer.tokenizers.bpe import BPETokenizer
+
+    text = load_text("sayings")[:20000]
+    tok = BPETokenizer.train([text], 300, byte_level=True)
+    run = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(block_size=256)),
+                          tokenizer=tok)
+    for n in (106, 150, 300, 1000):
+        kept, dropped = last_tokens(run, text[:n])
+        assert text[:n].endswith(kept) and "\ufffd" not in kept
+        assert len(tok.encode(kept)) <= 64 and dropped > 0

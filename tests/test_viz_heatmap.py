@@ -126,6 +126,15 @@ def test_chinese_labels_render_with_no_missing_glyph(zh_run):
     assert any("missing from font" in m for m in plain)
 
 
+def test_plot_context_hides_only_the_glyphs_it_named(zh_run, monkeypatch):
+    """A chain that claims a font it cannot load: matplotlib's glyph warnings still show
+    (plot_context silences only the characters font_chain itself warned about)."""
+    _, model, tokenizer = zh_run
+    views = FAMILIES["gpt"].attention_views(model, tokenizer, SENTENCE)
+    monkeypatch.setattr(fonts, "_family_of", lambda path: "No Such Font Family")
+    assert any("missing from font" in m for m in _draw_warnings(views))
+
+
 def test_no_cjk_font_gives_a_warning_not_silent_boxes(zh_run, monkeypatch):
     monkeypatch.setattr(fonts, "_candidates", lambda: ())
     with pytest.warns(fonts.MissingGlyphWarning, match="红"):
@@ -145,7 +154,7 @@ def test_emoji_get_their_own_warning_once_and_joiners_need_no_glyph(zh_run, tmp_
         fonts.font_families([family])
     message = str(caught[0].message)
     assert "\u200d" not in message and "\ufe0f" not in message and "CJK" not in message
-    assert "\U0001F468" in message and "colour emoji" in message
+    assert "\U0001F468" in message and "No font found here has them" in message
     monkeypatch.setattr(fonts, "_candidates", lambda: ())  # no CJK font: a warning to print
     folder, _, _ = zh_run
     assert main(["attention", str(folder), "--text", SENTENCE, "--out",
@@ -241,7 +250,7 @@ def test_seq2seq_shows_encoder_decoder_and_cross_attention(bpe, tmp_path):
     assert sorted(g.rsplit(":", 2)[0] for g in _panels(fig)) == \
         ["attn:cross-attention"] * 2 + ["attn:decoder self-attention"] * 2
     plt.close(fig)
-    with pytest.raises(UserError, match="--layer 3 is out of range: the model has 3 layers"):
+    with pytest.raises(UserError, match="--layer 3 is out of range: the deepest stack has 3"):
         attention_figure(views, layer=3)
     out = tmp_path / "s2s.png"
     # Without --target the decoder side is the model's own greedy translation.

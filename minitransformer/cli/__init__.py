@@ -64,7 +64,14 @@ _PYTHON_SHOW_WARNING = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.showwarning = _show_warning
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
+    try:
+        return _run(argv)
+    finally:
+        warnings.showwarning = shown  # as it was: a program calling main keeps its own
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

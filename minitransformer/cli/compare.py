@@ -70,6 +70,7 @@ def add_parser(sub) -> None:
 
 # compare's flags that every variant shares: what --vary says of them
 SHARED = {"tokenizer": "its tokenizer", "encoding": "its encoding", "data": "its corpus"}
+SHARED_TIP = {"tokenizer": " (bits per character compares runs whose tokenizers differ)"}
 
 
 def _converter(hints: dict):
@@ -78,9 +79,8 @@ def _converter(hints: dict):
     def convert(name: str, text: str):
         if name in SHARED:
             raise UserError(f"--vary {name}: every variant reads one corpus, prepared once, so "
-                            f"{SHARED[name]} is the same for all (--{name}); compare "
-                            f"tokenizers with one compare run each, or train and evaluate "
-                            f"each (bits per character compares them)")
+                            f"{SHARED[name]} is the same for all (--{name}); run compare once "
+                            f"for each{SHARED_TIP.get(name, '')}")
         if name not in hints:
             raise UserError(f"--vary {name}: no such setting{closest(name, hints)}")
         hint = hints[name]

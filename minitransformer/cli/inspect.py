@@ -33,9 +33,14 @@ def cmd_attention(args) -> int:
     save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
     shown = [f"layer {args.layer}" if args.layer is not None else "every layer",
              f"head {args.head}" if args.head is not None else "every head"]
-    shape = ", ".join(f"{v.name}: {v.n_layer} layers x {v.n_head} heads" for v in views)
+    shape = ", ".join(f"{v.name}: {plural(v.n_layer, 'layer')} x {plural(v.n_head, 'head')}"
+                      for v in views)
     print(f"wrote {out} ({' and '.join(shown)} of {shape})")
     return 0
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def cmd_explain(args) -> int:

@@ -79,18 +79,34 @@ def refuse_binary(source, raw: bytes) -> None:
     raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text{hint}")
 
 
+def same_encoding(a: str, b: str) -> bool:
+    """Whether two names are one codec (utf8, UTF-8 and utf-8 are; gbk and cp936 are not)."""
+    try:
+        return codecs.lookup(a).name == codecs.lookup(b).name
+    except LookupError:
+        return a == b
+
+
 def check_encoding_applies(sources: str | list[str], encoding: str | None) -> None:
-    """--encoding reads the user's own files; a bundled corpus is the package's UTF-8 text."""
+    """--encoding reads the user's own text files: a bundled corpus is the package's UTF-8
+    text, and a prepared folder holds token ids, decoded when it was prepared."""
     if encoding is None:
         return
     try:
-        utf8 = codecs.lookup(encoding).name == "utf-8"
+        utf8 = codecs.lookup(encoding).name in ("utf-8", "utf-8-sig")
     except LookupError:
         raise UserError(f"unknown encoding {encoding!r}") from None
-    bundled = [s for s in ([sources] if isinstance(sources, str) else sources) if s in BUNDLED]
-    if bundled and not utf8:
-        raise UserError(f"--encoding {encoding}: {bundled[0]} is a bundled corpus, stored as "
-                        f"utf-8; --encoding is for your own files")
+    if utf8:
+        return
+    from .shards import is_prepared  # shards reads text too: imported here, not at the top
+
+    for source in [sources] if isinstance(sources, str) else sources:
+        if source in BUNDLED:
+            raise UserError(f"--encoding {encoding}: {source} is a bundled corpus, stored as "
+                            f"utf-8; --encoding is for your own files")
+        if is_prepared(source):
+            raise UserError(f"--encoding {encoding}: {source} holds prepared token ids, "
+                            f"decoded when it was prepared (prepare --encoding)")
 
 
 def load_text(source: str, encoding: str = "utf-8") -> str:

@@ -24,7 +24,7 @@ import torch
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..data.shards import is_prepared
-from ..data.text import check_encoding_applies
+from ..data.text import check_encoding_applies, same_encoding
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import train_config
@@ -252,7 +252,7 @@ def resumed_run(req: TrainRequest):
     if req.newline is not None and req.newline != data.get("newline", "normalize"):
         raise UserError("--resume keeps the run's --newline; drop it")
     if req.encoding is not None and req.data is None and \
-            req.encoding != data.get("encoding", "utf-8"):
+            not same_encoding(req.encoding, data.get("encoding", "utf-8")):
         raise UserError(f"--resume reads the run's own data in its encoding "
                         f"({data.get('encoding', 'utf-8')}); --encoding is for a new --data")
     field = data.get("text_field")  # --data alone (a moved file): the run's field

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
@@ -111,25 +112,32 @@ class Seq2SeqFamily(Family):
     def reopen(self, meta: dict, tokenizer, source: str, encoding: str,
                source_tgt: str | None = None, newline: str | None = None,
                text_field: str | None = None, columns: dict | None = None,
-               whole: bool = False) -> Prepared:
+               whole: bool | None = False) -> Prepared:
         """The run's corpus (or ``source``) read again; ``columns``: {"src": ..., "tgt": ...}
         to read instead of the columns the run was trained on (evaluate --src / --tgt);
-        ``whole``: every pair in every split (a test set), not split 94/3/3."""
+        ``whole``: every pair in every split (a test set), not split 94/3/3; None: so when
+        the pairs are not the run's own (``own_pairs``)."""
         refuse_text_field(text_field)
         data = meta.get("data", {})
         data_cfg = self._data_config({**data.get("config", {}), **(columns or {})})
-        if source_tgt is None and source == data.get("source"):
+        if source_tgt is None and data.get("source") is not None and \
+                recorded_source([source]) == recorded_source([data["source"]]):
             source_tgt = data.get("source_tgt")
         corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
+        if whole is None:
+            whole = not own_pairs(data, corpus, source)
         every = list(range(len(corpus)))
         splits = dict.fromkeys(("train", "valid", "test"), every) if whole else \
             split_indices(corpus.groups)
-        return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding,
-                              data_cfg)
+        prepared = self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding,
+                                  data_cfg)
+        prepared.extra["whole"] = whole
+        return prepared
 
     def _prepared(self, corpus, splits, tokenizer, source, source_tgt, encoding,
                   data_cfg) -> Prepared:
         data_meta = {"source": source, "source_tgt": source_tgt, "encoding": encoding,
+                     "pairs_sha256": pairs_digest(corpus),
                      "tokenizer": "bpe", "src_lang": corpus.src_lang,
                      "tgt_lang": corpus.tgt_lang, "config": vars(data_cfg).copy(),
                      "pairs": {k: len(v) for k, v in splits.items()}}
@@ -187,16 +195,18 @@ class Seq2SeqFamily(Family):
         if "data_tgt" in options and "data" not in options:
             raise NotApplicable("--data_tgt is the target file beside --data (the source "
                                 "file); give both")
-        own = meta.get("data", {}).get("source")
-        whole = not options.get("split") and (  # another corpus: a test set, all of it
-            own is None or recorded_source([source]) != recorded_source([own]))
+        # another corpus is a test set: all of it (the run's own, however named: its split)
         prepared = self.reopen(meta, tokenizer, source, encoding, options.get("data_tgt"),
-                               columns=columns, whole=whole)
+                               columns=columns, whole=None if not options.get("split") else
+                               False)
         split, where = options.get("split") or "test", "valid split, as in training"
-        if whole:
-            split, where = "all", f"all {len(prepared.extra['corpus']):,} pairs"
+        fields = self.saved_fields(meta)
+        if prepared.extra["whole"]:
+            split = "all"
+            where = f"batches drawn from all {len(prepared.extra['corpus']):,} pairs"
+            fields["train_max_len"] = fields.get("block_size", 1 << 30)  # no training here
         cfg = train_config(meta)
-        built_task = self.build(prepared, self.saved_fields(meta), cfg.seed).task
+        built_task = self.build(prepared, fields, cfg.seed).task
         loss = estimate_loss(model, built_task, "val", options.get("batch_size")
                              or cfg.batch_size, options.get("eval_iters") or cfg.eval_iters,
                              device, pick_dtype(cfg.dtype, device), options.get("seed") or 0)
@@ -268,6 +278,23 @@ def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,
     return out, dropped
 
 
+def pairs_digest(corpus) -> str:
+    """SHA-256 of a corpus's sentence pairs: the same pairs, however their files are named."""
+    digest = hashlib.sha256()
+    for src, tgt in zip(corpus.src, corpus.tgt, strict=True):
+        digest.update(f"{src}\t{tgt}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def own_pairs(recorded: dict, corpus, source: str) -> bool:
+    """Whether ``corpus`` (read from ``source``) is the run's own: the pairs it recorded
+    (a moved, copied or renamed file too), or, for runs that recorded none, its name."""
+    if "pairs_sha256" in recorded:
+        return recorded["pairs_sha256"] == pairs_digest(corpus)
+    own = recorded.get("source")
+    return own is not None and recorded_source([source]) == recorded_source([own])
+
+
 def sample_sources(prepared: Prepared, tokenizer, n: int = 2) -> list[str]:
     """A few short validation sentences to translate at each evaluation."""
     corpus, valid = prepared.extra["corpus"], prepared.extra["splits"]["valid"]
@@ -336,7 +363,10 @@ def bleu_lines(model, tokenizer, prepared: Prepared, split: str, limit: int | No
     refs = [corpus.tgt[i] for i in idx]
     sources = encode_sources(model, tokenizer, [corpus.src[i] for i in idx], "test source")
     scheme, why = bleu_tokenizer(refs, tokenize)
-    which = f"all {len(idx):,}" if split == "all" else f"{len(idx):,} {split}"
+    which = f"{len(idx):,} {split}"
+    if split == "all":
+        which = f"all {len(idx):,}" if len(idx) == len(corpus) else \
+            f"the first {len(idx):,} of {len(corpus):,}"
     lines = [f"{prepared.source}: {which} pairs {corpus.src_lang} -> {corpus.tgt_lang}",
              f"BLEU tokenizer {scheme}: {why}"]
     try:

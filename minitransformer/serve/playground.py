@@ -30,7 +30,7 @@ from .errors import APIError
 from .probes import encode, fill_mask, inspect, translate
 from .schemas import FillMaskRequest, InspectRequest, TranslateRequest
 
-TABLE_LIKE = (".jsonl", ".json", ".parquet", ".arrow", ".tsv")  # no first line of text
+TABLE_LIKE = (".jsonl", ".ndjson", ".json", ".parquet", ".arrow", ".tsv")  # no first line of text
 ASSETS = {"playground.js": "text/javascript", "playground-words.js": "text/javascript",
           "playground.css": "text/css", "fonts.css": "text/css", **walk_page.ASSETS}
 FONT = "cjk.otf"  # the packaged CJK font, for machines with none of their own
@@ -74,6 +74,7 @@ def corpus_line(run, longest: int = 16) -> str | None:
         text = head.decode(data.get("encoding") or "utf-8", errors="ignore")
     except (UserError, OSError, LookupError):  # gone, a folder, an unknown encoding
         return None
+    text = text.removeprefix("\ufeff")  # a byte order mark, as train reads past it
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if len(line) > longest:
         line = line[:longest].rsplit(" ", 1)[0] or line[:longest]

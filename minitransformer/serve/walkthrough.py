@@ -73,19 +73,25 @@ def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
 
 
 def last_tokens(run, text: str) -> tuple[str, int]:
-    """(the end of ``text`` that fits the page and the model's window, tokens left out)."""
+    """(the end of ``text`` that fits the page and the model's window, tokens left out).
+    The cut starts at a whole character: byte-level BPE may split one between tokens."""
     limit = min(run.model.config.block_size, DISPLAY_TOKENS)
+    tok = run.tokenizer
     try:
-        ids = run.tokenizer.encode(text)
+        ids = tok.encode(text)
     except Exception:  # noqa: BLE001 - unseen characters: explain says so, naming them
         return text, 0
     kept, dropped = text, 0
     for _ in range(4):  # decoding a cut may spell its first token anew: cut again
         if len(ids) <= limit:
             break
-        dropped += len(ids) - limit
-        kept = run.tokenizer.decode(ids[-limit:])
-        ids = run.tokenizer.encode(kept)
+        start = len(ids) - limit
+        while start < len(ids) - 1 and tok.decode(ids[start:start + 1]) == "\ufffd" and \
+                tok.decode(ids[start:]).startswith("\ufffd"):
+            start += 1  # the rest of a character whose first bytes were cut off
+        dropped += start
+        kept = tok.decode(ids[start:])
+        ids = tok.encode(kept)
     return kept, dropped
 
 

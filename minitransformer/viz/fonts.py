@@ -87,6 +87,11 @@ def font_families(texts) -> list[str]:
 
     Warns with ``MissingGlyphWarning`` naming the characters no font found here can draw.
     """
+    return font_chain(texts)[0]
+
+
+def font_chain(texts) -> tuple[list[str], set[int]]:
+    """(``font_families``' list, the code points none of its fonts has), warning as it does."""
     from matplotlib import font_manager
 
     needed = {ord(ch) for text in texts for ch in str(text) if drawn(ch)}
@@ -104,10 +109,10 @@ def font_families(texts) -> list[str]:
         shown = "".join(sorted(chr(c) for c in missing)[:20])
         advice = ("Install a CJK font (pip install cvttf-NotoSansCJK-Regular, or apt-get "
                   "install fonts-noto-cjk) and run again") if any(map(is_cjk, map(chr, missing))) \
-            else "matplotlib draws no colour emoji, and no font found here has these symbols"
+            else "No font found here has them (and matplotlib draws no colour emoji)"
         warnings.warn(f"no font here has the characters {shown!r}: they will show as boxes. "
-                      f"{advice}", MissingGlyphWarning, stacklevel=2)
-    return families
+                      f"{advice}", MissingGlyphWarning, stacklevel=3)
+    return families, missing
 
 
 def drawn(ch: str) -> bool:

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import UserError
-from .fonts import font_families
+from .fonts import font_chain
 from .i18n import msg, render
 from .views import AttentionView
 
@@ -35,6 +35,9 @@ def _rows(views: list[AttentionView], layer: int | None) -> list[tuple[Attention
     """(view, layer) of each row of panels: every layer, or the one asked for in each stack
     that has it (an encoder and a decoder may differ in depth)."""
     deepest = max(v.n_layer for v in views)
+    if len({v.n_layer for v in views}) > 1 and layer is not None and not 0 <= layer < deepest:
+        raise UserError(f"--layer {layer} is out of range: the deepest stack has {deepest} "
+                        f"layers (0 .. {deepest - 1})")
     _select(deepest, layer, "layer")  # out of range for every stack: the error
     return [(v, i) for v in views for i in range(v.n_layer) if layer is None or i == layer]
 
@@ -111,12 +114,14 @@ def figure_texts(views: list[AttentionView], title: str | None = None,
 @contextlib.contextmanager
 def plot_context(texts):
     """An rc_context whose font chain covers every character in ``texts``; characters none
-    covers were named once by ``font_families`` (not again per glyph by matplotlib)."""
+    covers were named once by ``font_chain`` (not again per glyph by matplotlib)."""
     import matplotlib.pyplot as plt
 
-    with plt.rc_context({"font.family": font_families(texts), "axes.unicode_minus": False}), \
+    families, missing = font_chain(texts)
+    with plt.rc_context({"font.family": families, "axes.unicode_minus": False}), \
             warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
+        for code in missing:  # matplotlib's own warning, once per glyph drawn: said above
+            warnings.filterwarnings("ignore", message=rf"Glyph {code} \(")
         yield
 
 
