@@ -78,9 +78,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         return logits.max(dim=-1, keepdim=True).indices  # (B, 1)
     logits = logits.float()
     if temperature < TINY_TEMPERATURE:  # logits / temperature would overflow to inf (a NaN
-        # softmax): shifted to a largest logit of 0 first, the quotient stays <= 0, and in
-        # float64, where the temperature does not round to 0 (0 / 0) as it would in float32
-        logits = (logits - logits.max(dim=-1, keepdim=True).values).double()
+        # softmax): shifted to a largest logit of 0 first, the quotient stays <= 0; and at
+        # most divided by TINY_TEMPERATURE (a smaller one rounds to 0 in float32: 0 / 0),
+        # which already leaves only the largest logits (ties) any probability
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        temperature = TINY_TEMPERATURE
     logits = filter_logits(logits / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)  # (B, V)
     if isinstance(generator, Sequence):
