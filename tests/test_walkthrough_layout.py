@@ -100,3 +100,32 @@ def test_chinese_text_is_drawn_with_a_cjk_font(page, selector):
         assert any(f.startswith(CJK_FONTS) for f in families), (selector, text, families)
     else:
         assert families, selector
+
+
+def test_vertical_headers_keep_chinese_upright(browser, tmp_path):
+    """Columns named by longer tokens turn their labels to read upwards; Chinese ones stand
+    upright (vertical-rl unturned), not upside down."""
+    from minitransformer.tokenizers.bpe import BPETokenizer
+
+    text = "从前有座山，山里有座庙 abc def"
+    tok = BPETokenizer.train_chars(["从前有座山，山里有座庙。" * 50 + "abc def ghi " * 20], 400)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
+            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
+    write_model_files(tmp_path / "run", GPT(cfg).eval(), meta, tok)
+    assert main(["explain", str(tmp_path / "run"), "--text", text, "--out",
+                 str(tmp_path / "w.html")]) == 0
+    pg = browser.new_page(viewport={"width": 1360, "height": 900})
+    try:
+        pg.goto((tmp_path / "w.html").as_uri())
+        pg.wait_for_selector("#step")
+        turns = {}
+        for _ in _steps(pg):
+            turns.update(pg.evaluate("""() => Object.fromEntries(Array.from(
+                document.querySelectorAll('table.matrix.vertical thead th[scope=col]'),
+                th => [th.textContent, getComputedStyle(th).transform]))"""))
+        assert turns.get("从前有座山") == "none", turns
+        assert turns.get("␣abc", turns.get(" abc")) not in (None, "none"), turns
+    finally:
+        pg.close()

@@ -61,6 +61,8 @@
     return [`rgb(${Math.round(r)},${Math.round(g)},${Math.round(b)})`, Math.abs(t) > 0.7];
   }
 
+  const CJK = /[\u2E80-\u9FFF\uAC00-\uD7AF\uF900-\uFAFF\uFF00-\uFFEF]/;
+
   function matrix(block) {
     const values = pick(block);
     const cols = values.length ? values[0].length : 0;
@@ -77,7 +79,9 @@
     });
     const head = el("thead"), hr = el("tr");
     hr.appendChild(el("th"));
-    colLabels.forEach((c) => hr.appendChild(el("th", { scope: "col" }, c)));
+    // in a vertical header, CJK stands upright (reading down), other text turns to read up
+    colLabels.forEach((c) => hr.appendChild(el("th", CJK.test(c) ? { scope: "col", class: "cjk" }
+      : { scope: "col" }, c)));
     head.appendChild(hr);
     table.appendChild(head);
     const body = el("tbody");
