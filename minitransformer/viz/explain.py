@@ -8,21 +8,16 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .trace import encode_text, trace_gpt
+from .views import check_choice
 from .walkthrough import DISPLAY_TOKENS, walkthrough_doc
-
-
-def _check_choice(value: int, n: int, what: str) -> None:
-    if not 0 <= value < n:
-        raise UserError(f"--{what} {value} is out of range: the model has {n} {what}"
-                        f"{'s' if n != 1 else ''} (0 .. {n - 1})")
 
 
 def explain_gpt(model, tokenizer, text: str, layer: int = 0, head: int = 0,
                 top_k: int = 10, source: str = "") -> dict:
     """The walkthrough description of a decoder-only model on ``text``."""
     c = model.config
-    _check_choice(layer, c.n_layer, "layer")
-    _check_choice(head, c.n_head, "head")
+    check_choice(layer, c.n_layer, "layer")
+    check_choice(head, c.n_head, "head")
     if top_k < 1:
         raise UserError("--top_k must be at least 1")
     limit = min(c.block_size, DISPLAY_TOKENS)

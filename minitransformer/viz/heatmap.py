@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from .fonts import font_chain
 from .i18n import msg, render
-from .views import AttentionView
+from .views import AttentionView, check_choice
 
 MAX_TICKS = 48  # beyond this many tokens, label every n-th one
 VIEW_KEYS = {"self-attention": "heat.view.self", "encoder self-attention": "heat.view.encoder",
@@ -25,9 +25,7 @@ VIEW_KEYS = {"self-attention": "heat.view.self", "encoder self-attention": "heat
 def _select(n: int, chosen: int | None, what: str) -> list[int]:
     if chosen is None:
         return list(range(n))
-    if not 0 <= chosen < n:
-        raise UserError(f"--{what} {chosen} is out of range: the model has {n} {what}"
-                        f"{'s' if n != 1 else ''} (0 .. {n - 1})")
+    check_choice(chosen, n, what)
     return [chosen]
 
 

@@ -18,6 +18,13 @@ from ..errors import UserError
 from .trace import encode_text, token_labels
 
 
+def check_choice(value: int, n: int, what: str) -> None:
+    """A layer or head number the model has (0 .. n - 1), else the user error naming it."""
+    if not 0 <= value < n:
+        raise UserError(f"--{what} {value} is out of range: the model has {n} {what}"
+                        f"{'s' if n != 1 else ''} (0 .. {n - 1})")
+
+
 @dataclass
 class AttentionView:
     """One kind of attention in a model: weights (L, nh, Tq, Tk) with the tokens they join."""
