@@ -182,7 +182,7 @@ def test_task_batches_are_reproducible_and_val_loss_is_plain():
     assert task.batch("val", 16, torch.Generator())[0].shape[0] <= 8
 
 
-def test_train_translate_evaluate_resume(tmp_path, run_cli, bible):
+def test_train_translate_evaluate_resume(tmp_path, run_cli, bible, capsys):
     corpus = tmp_path / "mini.tsv"
     rows = ["ref\ten\tes"] + [f"Gen {1 + i // 20}:{1 + i % 20}\t{s}\t{t}"
                               for i, (s, t) in enumerate(zip(bible.src[:600], bible.tgt[:600],
@@ -201,29 +201,29 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible):
     assert r.returncode == 0, r.stderr
     assert "greedy   BLEU" in r.stdout and "beam 4   BLEU" in r.stdout
     assert f"{corpus}: 8 test pairs" in r.stdout, r.stdout
+    # in this process from here (each command in a fresh one costs seconds of imports)
+    def evaluate(*args) -> str:
+        assert main(["evaluate", str(run), *map(str, args), "--max-len", "5", "--beam", "1",
+                     "--examples", "0"]) == 0
+        return capsys.readouterr().out
+
+    capsys.readouterr()
     # the run's own pairs under another name (a copy, a moved file): still its test split
     copy = tmp_path / "copy.tsv"
     copy.write_bytes(corpus.read_bytes())
-    r = run_cli("evaluate", run, "--data", copy, "--limit", "8", "--max-len", "5", "--beam",
-                "1", "--examples", "0")
-    assert r.returncode == 0 and f"{copy}: 8 test pairs" in r.stdout, r.stdout + r.stderr
+    assert f"{copy}: 8 test pairs" in evaluate("--data", copy, "--limit", "8")
     # another corpus is a test set: all of its pairs are scored, not a 3% split of them
     other = tmp_path / "other.tsv"
     other.write_text("\n".join(rows[:41]) + "\n", encoding="utf-8")
-    r = run_cli("evaluate", run, "--data", other, "--max-len", "5", "--beam", "1",
-                "--examples", "0")
-    assert r.returncode == 0, r.stderr
-    assert "(batches drawn from all 40 pairs)" in r.stdout, r.stdout
-    assert f"{other}: all 40 pairs" in r.stdout, r.stdout
-    greedy = next(line for line in r.stdout.splitlines() if line.startswith("greedy"))
+    out = evaluate("--data", other)
+    assert "(batches drawn from all 40 pairs)" in out and f"{other}: all 40 pairs" in out, out
+    greedy = next(line for line in out.splitlines() if line.startswith("greedy"))
     # the same test set as two aligned files: the same pairs, the same BLEU
     for i, name in ((1, "test.en"), (2, "test.es")):
         (tmp_path / name).write_text("\n".join(row.split("\t")[i] for row in rows[1:41]) + "\n",
                                      encoding="utf-8")
-    r = run_cli("evaluate", run, "--data", tmp_path / "test.en", "--data_tgt",
-                tmp_path / "test.es", "--max-len", "5", "--beam", "1", "--examples", "0")
-    assert r.returncode == 0, r.stderr
-    assert "all 40 pairs" in r.stdout and greedy in r.stdout, r.stdout
+    out = evaluate("--data", tmp_path / "test.en", "--data_tgt", tmp_path / "test.es")
+    assert "all 40 pairs" in out and greedy in out, out
     r = run_cli("train", "--out", run, "--resume", "--max_iters", "9", "--quiet")
     assert r.returncode == 0, r.stderr
     assert json.loads((run / "checkpoints" / "step_0000009" / "config.json")
