@@ -23,13 +23,19 @@ CJK_FONTS = ("minitransformer-cjk", "Noto Sans CJK", "Noto Serif CJK", "WenQuanY
 @pytest.fixture(scope="module")
 def page_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("layout")
-    tok = CharTokenizer.fit(TEXT + "。")
+    return _walkthrough(root, CharTokenizer.fit(TEXT + "。"), TEXT, n_layer=2, n_head=4,
+                        n_embd=64)
+
+
+def _walkthrough(root, tok, text: str, **sizes):
+    """A random GPT run folder in root/run with ``tok``, and its walkthrough of ``text``
+    (root/w.html), written by the command."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, **sizes)
     meta = {"format": "minitransformer", "version": 1, "family": "gpt",
             "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
     write_model_files(root / "run", GPT(cfg).eval(), meta, tok)
-    assert main(["explain", str(root / "run"), "--text", TEXT, "--out",
+    assert main(["explain", str(root / "run"), "--text", text, "--out",
                  str(root / "w.html")]) == 0
     return root / "w.html"
 
@@ -109,16 +115,10 @@ def test_vertical_headers_keep_chinese_upright(browser, tmp_path):
 
     text = "从前有座山，山里有座庙 abc def"
     tok = BPETokenizer.train_chars(["从前有座山，山里有座庙。" * 50 + "abc def ghi " * 20], 400)
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=32)
-    meta = {"format": "minitransformer", "version": 1, "family": "gpt",
-            "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
-    write_model_files(tmp_path / "run", GPT(cfg).eval(), meta, tok)
-    assert main(["explain", str(tmp_path / "run"), "--text", text, "--out",
-                 str(tmp_path / "w.html")]) == 0
+    html = _walkthrough(tmp_path, tok, text, n_layer=1, n_head=2, n_embd=32)
     pg = browser.new_page(viewport={"width": 1360, "height": 900})
     try:
-        pg.goto((tmp_path / "w.html").as_uri())
+        pg.goto(html.as_uri())
         pg.wait_for_selector("#step")
         turns = {}
         for _ in _steps(pg):
