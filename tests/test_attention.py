@@ -168,13 +168,29 @@ def test_kv_cache_made_for_its_capacity_and_cleared_keeps_its_storage():
     storage = cache._k.data_ptr()
     for i in range(40, 100):  # up to its capacity: never grown
         cache.update(ks[:, :, i:i + 1], ks[:, :, i:i + 1])
-    assert cache._k.data_ptr() == storage and cache._k.shape[1] == 100
+    assert cache._k.data_ptr() == storage and cache._k.shape[2] == 100
     cache.clear()  # a window rebuilt: its positions written where the last ones were
     assert cache.length == 0 and cache.k.shape[2] == 0
     k, v = cache.update(-ks[:, :, :30], ks[:, :, :30])
     assert cache._k.data_ptr() == storage
     torch.testing.assert_close(k, -ks[:, :, :30])
     torch.testing.assert_close(v, ks[:, :, :30])
+
+
+def test_kv_cache_keeps_each_heads_keys_contiguous():
+    """Head-major storage: a row's keys of one head are one block that attention reads whole,
+    positions hs floats apart; the cross-attention keys ``fill`` keeps stay as projected."""
+    cache = KVCache(capacity=16)
+    ks = torch.randn(2, 3, 10, 4)
+    for i in range(10):
+        k, v = cache.update(ks[:, :, i:i + 1], -ks[:, :, i:i + 1])
+    assert k.stride()[2:] == (4, 1) and v.stride()[2:] == (4, 1)  # (position, channel)
+    assert k.stride(1) == cache._k.shape[2] * 4  # the next head: a capacity further
+    projected = torch.randn(2, 10, 3, 4)  # (B, T, nkv, hs), as the projections give it
+    source = KVCache()
+    source.fill(projected.transpose(1, 2), projected.transpose(1, 2))
+    assert source.k.data_ptr() == projected.data_ptr()
+    torch.testing.assert_close(source.k, projected.transpose(1, 2))
 
 
 def test_clearing_a_filled_cache_leaves_the_source_keys_alone():

@@ -21,11 +21,17 @@ class KVCache:
     from the encoder output. Storage grows by doubling, so each step writes only the new
     slice instead of re-concatenating the whole history.
 
-    The storage is laid out (B, capacity, nkv, hs), position-major as the projections
-    produce it: appending a position writes one contiguous run per row (in the head-major
-    layout (B, nkv, capacity, hs) it is nkv runs scattered a capacity apart, a cache miss
-    each), and the cross-attention keys are kept as projected, without a copy (``fill``).
-    ``k`` and ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are.
+    The storage is laid out (B, nkv, capacity, hs), head-major: each head's keys of a row are
+    one contiguous block, which a decoding step's attention reads whole (the fused kernel
+    takes one (row, head) pair at a time). Appending a position writes nkv short runs a
+    capacity apart. Position-major storage, (B, capacity, nkv, hs), writes one run instead
+    but leaves attention reading each key a head-width apart from the last, and reading is
+    what a step spends its time on once the weights and caches outgrow the CPU's last-level
+    cache: on a 2-core machine with a 32 MB L3, a batch of 8 sampled its 500 tokens 6-9%
+    faster head-major, one row 2% (docs/BENCHMARKS.md, "The KV cache head-major"). ``k`` and
+    ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are. The
+    cross-attention keys are kept as projected, without a copy (``fill``): views of another
+    layout, read alike.
 
     ``capacity``: the positions the first storage holds at least. Generation passes its
     window, ``block_size``, and a cache rebuilt from a moved window keeps its storage
@@ -37,7 +43,7 @@ class KVCache:
 
     def __init__(self, capacity: int = 0):
         self.capacity = capacity
-        self._k: torch.Tensor | None = None  # (B, capacity, nkv, hs)
+        self._k: torch.Tensor | None = None  # (B, nkv, capacity, hs)
         self.borrowed = False  # the storage is ``fill``'s views of another tensor
         self._v: torch.Tensor | None = None
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # reorder's other buffer
@@ -48,26 +54,26 @@ class KVCache:
     @property
     def k(self) -> torch.Tensor | None:
         """The cached keys (B, nkv, length, hs), a view."""
-        return None if self._k is None else self._k[:, : self.length].transpose(1, 2)
+        return None if self._k is None else self._k[:, :, : self.length]
 
     @property
     def v(self) -> torch.Tensor | None:
         """The cached values (B, nkv, length, hs), a view."""
-        return None if self._v is None else self._v[:, : self.length].transpose(1, 2)
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def update(self, k: torch.Tensor, v: torch.Tensor):
         """Append k, v of shape (B, nkv, T, hs); return all cached (B, nkv, length, hs)."""
         t0, t1 = self.length, self.length + k.shape[-2]
-        if self._k is None or t1 > self._k.shape[1]:
-            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[1]), self.capacity, 64)
+        if self._k is None or t1 > self._k.shape[2]:
+            cap = max(t1, 2 * (0 if self._k is None else self._k.shape[2]), self.capacity, 64)
             b, nkv, _, hs = k.shape
-            new_k, new_v = k.new_empty(b, cap, nkv, hs), v.new_empty(b, cap, nkv, hs)
+            new_k, new_v = k.new_empty(b, nkv, cap, hs), v.new_empty(b, nkv, cap, hs)
             if self._k is not None:
-                new_k[:, :t0] = self._k[:, :t0]
-                new_v[:, :t0] = self._v[:, :t0]
+                new_k[:, :, :t0] = self._k[:, :, :t0]
+                new_v[:, :, :t0] = self._v[:, :, :t0]
             self._k, self._v = new_k, new_v
-        self._k[:, t0:t1] = k.transpose(1, 2)  # (B, T, nkv, hs)
-        self._v[:, t0:t1] = v.transpose(1, 2)
+        self._k[:, :, t0:t1] = k  # (B, nkv, T, hs)
+        self._v[:, :, t0:t1] = v
         self.length = t1
         return self.k, self.v
 
@@ -85,7 +91,7 @@ class KVCache:
         (cross-attention's keys of the source, which are never appended to)."""
         if self.length:
             raise ValueError("fill is for an empty cache")
-        self._k, self._v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, nkv, hs) views
+        self._k, self._v = k, v  # (B, nkv, T, hs) views of the projections, as they are
         self.borrowed = True
         self.length = k.shape[-2]
 
@@ -106,15 +112,15 @@ class KVCache:
         the previous reorder (no fresh allocation each step), and the two buffers swap."""
         if self._k is None:
             return
-        shape = (len(index), *self._k.shape[1:])  # (B', capacity, nkv, hs)
+        shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
         spare = self._spare
         if spare is None or spare[0].shape != shape or spare[0].dtype != self._k.dtype:
             spare = (self._k.new_empty(shape), self._v.new_empty(shape))
         n = self.length  # only the filled positions are copied
-        torch.index_select(self._k[:, :n], 0, index, out=spare[0][:, :n])
-        torch.index_select(self._v[:, :n], 0, index, out=spare[1][:, :n])
+        torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
+        torch.index_select(self._v[:, :, :n], 0, index, out=spare[1][:, :, :n])
         self._spare = (self._k, self._v)
-        self._k, self._v = spare  # (B', capacity, nkv, hs)
+        self._k, self._v = spare  # (B', nkv, capacity, hs)
 
     def drop_front(self, n: int, rekey=None) -> None:
         """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
@@ -124,8 +130,7 @@ class KVCache:
             return
         keep = max(self.length - n, 0)
         if keep:
-            k = self._k[:, n: self.length]  # (B, keep, nkv, hs)
-            self._k[:, :keep] = rekey(k.transpose(1, 2)).transpose(1, 2) \
-                if rekey is not None else k.clone()
-            self._v[:, :keep] = self._v[:, n: self.length].clone()
+            k = self._k[:, :, n: self.length]  # (B, nkv, keep, hs)
+            self._k[:, :, :keep] = rekey(k) if rekey is not None else k.clone()
+            self._v[:, :, :keep] = self._v[:, :, n: self.length].clone()
         self.length = keep
