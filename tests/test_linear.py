@@ -628,6 +628,17 @@ def test_own_gelu_takes_pytorchs_own_kernel_for_a_step():
     assert torch.equal(packing_mod.own_gelu(x), own_kernel)
 
 
+@pytest.mark.parametrize("shape", [(8, 1536), (8, 192, 1536), "strided"])
+def test_product_gelu_equals_gelu_and_reuses_a_large_output(shape):
+    # a step's sizes by own_gelu (a new tensor); a prefill's in place, the same values
+    x = torch.randn(1536, 8 * 192).t() if shape == "strided" else torch.randn(shape)
+    expected = packing_mod.own_gelu(x)
+    y = packing_mod.product_gelu(x)
+    assert torch.equal(y, expected)
+    in_place = x.numel() > packing_mod.OWN_GELU_MAX and x.is_contiguous()
+    assert (y.data_ptr() == x.data_ptr()) == in_place and in_place == (shape == (8, 192, 1536))
+
+
 @needs_packing
 @pytest.mark.parametrize("kernel", ["blas", pytest.param("mkl", marks=pytest.mark.skipif(
     not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))])
@@ -645,7 +656,7 @@ def test_products_that_do_not_apply_the_gelu_are_followed_by_own_gelu(monkeypatc
 
 
 def test_unfused_activation():
-    assert packing_mod.unfused_activation(nn.GELU()) is packing_mod.own_gelu
-    assert packing_mod.unfused_activation(nn.ReLU()) is F.relu
+    assert packing_mod.unfused_activation(nn.GELU()) is packing_mod.product_gelu
+    assert packing_mod.unfused_activation(nn.ReLU()) is F.relu_
     tanh = nn.GELU(approximate="tanh")  # PyTorch's own kernel already
     assert packing_mod.unfused_activation(tanh) is tanh
