@@ -90,7 +90,7 @@ def measured(monkeypatch):
     """The measured choice between oneDNN's packed copy and BLAS (MKL's packed GEMM, where it
     works, has tests of its own); returns a log of the kernels that ran."""
     monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
-    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: TWO)
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda rows=1: TWO)
     monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.0)  # one untimed pass a turn
     return []
 
@@ -146,6 +146,35 @@ def test_a_turn_times_its_passes_once_untimed_ones_took_long_enough(monkeypatch)
     for seconds in (0.05, 0.02, 0.03):  # a long pass is its own warm-up
         trial.pass_ended(seconds)
     assert trial.timed[2:] == [("blas", 0.02), ("blas", 0.03)] and trial.turn == 2
+
+
+def test_a_trial_of_long_passes_times_each_kernel_once(monkeypatch):
+    # a prefill's passes are their own warm-up: one timed pass a kernel, then the choice
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.01)
+    schedule = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
+    trial = kernels_mod.Trial(0, schedule)
+    for kernel, seconds in (("packed", 0.26), ("blas", 0.21), ("mkl", 0.03)):
+        assert trial.kernel == kernel
+        trial.pass_ended(seconds)
+    assert trial.timed == [("packed", 0.26), ("blas", 0.21), ("mkl", 0.03)]
+    assert trial.turn == len(schedule)  # the trial is over
+    short = kernels_mod.Trial(0, schedule)
+    short.pass_ended(kernels_mod.LONG_PASS_SECONDS / 2)  # a step: untimed, then two timed
+    short.pass_ended(0.06)
+    assert short.timed == [("packed", 0.06)] and short.kernel == "packed"
+
+
+def test_trials_of_many_rows_leave_mkl_out(monkeypatch):
+    monkeypatch.setattr(kernels_mod, "mkl_works", lambda: True)
+    rows = kernels_mod.MKL_MAX_ROWS
+    assert kernels_mod.trial_kernels(rows) == ("packed", "blas", "mkl")
+    assert kernels_mod.trial_kernels(2 * rows) == ("packed", "blas")
+    monkeypatch.setattr(kernels_mod, "KERNEL", "measured")
+    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.0)
+    choice, log = kernels_mod.KernelChoice(), []
+    calls = tuple(timed_calls(log, k, 0) for k in ("packed", "blas", "mkl"))
+    run_passes(choice, {object(): calls}, 13, rows=2 * rows)  # 4 turns of 3 passes, then
+    assert "mkl" not in log and len(choice.chosen) == 1
 
 
 def test_measured_choice_runs_whole_passes_in_turns_then_keeps_the_faster(measured):
@@ -221,7 +250,7 @@ def test_next_power_of_two():
 
 
 def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
-    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda rows=1: ("packed", "blas", "mkl"))
     choice = kernels_mod.KernelChoice()
     calls = (timed_calls(measured, "packed", 0.003), timed_calls(measured, "blas", 0.002),
              timed_calls(measured, "mkl", 0))
@@ -238,7 +267,7 @@ def test_three_kernels_in_turns_then_the_fastest(measured, monkeypatch):
 def test_a_pass_that_made_mkl_copies_is_run_again_once(measured, monkeypatch, every_pass):
     # MKL's copies are made at the first product of a scope: a pass that made some is run
     # again, once (where every pass makes them, one scope per pass, every other one counts)
-    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda rows=1: ("packed", "blas", "mkl"))
     monkeypatch.setattr(packing_mod, "copies_made", 0)
     made = []
 
@@ -381,7 +410,7 @@ def test_mkl_copies_are_packed_for_the_rows_rounded_up_and_the_last_two_kept():
 @pytest.mark.skipif(not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM")
 @pytest.mark.parametrize("mkl_slower", [True, False])
 def test_a_trial_drops_mkl_copies_unless_it_chooses_mkl(measured, monkeypatch, mkl_slower):
-    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda: ("packed", "blas", "mkl"))
+    monkeypatch.setattr(kernels_mod, "trial_kernels", lambda rows=1: ("packed", "blas", "mkl"))
     product_of = packing_mod.MKLPacked.__call__
 
     def timed(self, x):

@@ -80,15 +80,25 @@ def note_kernel_setting() -> None:
 KERNEL = kernel_setting()
 
 
-def trial_kernels() -> tuple[str, ...]:
-    """The kernels a trial compares: the packed copy and BLAS, and MKL's packed GEMM where
-    it works here (``mkl_works``)."""
-    return ("packed", "blas") + (("mkl",) if mkl_works() else ())
+# MKL's packed GEMM saves the packing of W that MKL's GEMM does at each call of a few rows.
+# From 64 rows on the two were level here (547 against 549 µs on a 1,536 x 384 weight, 2
+# threads), while a copy packed for a prefill's rows is one more copy of every weight (42 MB
+# for config (b)) and made whole prefills slower (275 against 210 ms at 8 x 192 rows): trials
+# of more rows than this leave MKL out.
+MKL_MAX_ROWS = 64
+
+
+def trial_kernels(rows: int = 1) -> tuple[str, ...]:
+    """The kernels a trial of products of ``rows`` rows compares: the packed copy and BLAS,
+    and MKL's packed GEMM where it works here (``mkl_works``) and the rows are few
+    (``MKL_MAX_ROWS``)."""
+    return ("packed", "blas") + (("mkl",) if rows <= MKL_MAX_ROWS and mkl_works() else ())
 
 
 # A trial's turn on one kernel (``trial_schedule``): untimed passes until they have taken
-# TURN_WARM_SECONDS (one at least), then TURN_TIMED timed ones.
-TURN_WARM_SECONDS, TURN_TIMED = 0.01, 2
+# TURN_WARM_SECONDS (one at least), then TURN_TIMED timed ones. A trial whose first pass
+# takes LONG_PASS_SECONDS or more times every pass, one a kernel (``Trial.pass_ended``).
+TURN_WARM_SECONDS, TURN_TIMED, LONG_PASS_SECONDS = 0.01, 2, 0.05
 
 
 def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
@@ -105,7 +115,9 @@ def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
     a step over the cache's first 100 positions), yet trials that timed passes right after a
     switch chose BLAS or oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at
     one row. A long pass (an encoder's, a prefill's: many rows, each weight read many times)
-    is its own warm-up, and its trial stays short."""
+    is its own warm-up, and its trial stays short: from ``LONG_PASS_SECONDS`` on, one timed
+    pass a kernel (a prefill of 8 x 192 rows takes 0.2 s, a batch of 8 samples shifts its
+    window 4 times in 500 tokens, and a trial of two turns a kernel took 12 of them)."""
     return kernels + kernels[::-1]
 
 
@@ -131,6 +143,7 @@ class Trial:
     timed: list[tuple[str, float]] = field(default_factory=list)  # (kernel, seconds)
     copies: int = 0  # ``packing.copies_made`` when the current pass began
     again: bool = False  # the current pass repeats one that made copies
+    long: bool | None = None  # whether its passes are long (its first pass says)
 
     @property
     def kernel(self) -> str:
@@ -139,7 +152,16 @@ class Trial:
     def pass_ended(self, seconds: float) -> None:
         """Count a pass of the current turn: untimed until the turn's have taken
         ``TURN_WARM_SECONDS`` (one at least), then timed; the turn ends after
-        ``TURN_TIMED`` timed ones."""
+        ``TURN_TIMED`` timed ones. In a trial of long passes (``LONG_PASS_SECONDS``) each
+        pass is timed and ends its turn, and the trial ends when each kernel has had one."""
+        if self.long is None:
+            self.long = seconds >= LONG_PASS_SECONDS
+        if self.long:
+            self.timed.append((self.kernel, seconds))
+            self.turn += 1
+            if self.turn == len(set(self.schedule)):  # k1 .. kn: each kernel once
+                self.turn = len(self.schedule)
+            return
         if self.warm < TURN_WARM_SECONDS:
             self.warm = max(self.warm, 0.0) + seconds
             return
@@ -157,7 +179,6 @@ class KernelChoice:
     def __init__(self):
         self.chosen: dict[Bucket, str] = {}  # "packed", "blas" or "mkl"
         self.trials: dict[Bucket, Trial] = {}
-        self.schedule = trial_schedule(trial_kernels())
         # the model's MKL products (``packed_weights``): a trial that chooses another kernel
         # drops the copies no row count whose kernel is MKL's reads
         self.mkl_products: weakref.WeakSet[MKLPacked] = weakref.WeakSet()
@@ -177,7 +198,8 @@ class KernelChoice:
             now = time.perf_counter()
             trial = self.trials.get(bucket)
             if trial is None or trial.products >= MAX_PASS_PRODUCTS:
-                trial = self.trials[bucket] = Trial(id(module), self.schedule, start=now,
+                schedule = trial_schedule(trial_kernels(bucket[0]))
+                trial = self.trials[bucket] = Trial(id(module), schedule, start=now,
                                                     copies=packing.copies_made)
             elif id(module) == trial.anchor:
                 if packing.copies_made != trial.copies and not trial.again:
