@@ -148,22 +148,6 @@ def test_a_turn_times_its_passes_once_untimed_ones_took_long_enough(monkeypatch)
     assert trial.timed[2:] == [("blas", 0.02), ("blas", 0.03)] and trial.turn == 2
 
 
-def test_a_trial_of_long_passes_times_each_kernel_once(monkeypatch):
-    # a prefill's passes are their own warm-up: one timed pass a kernel, then the choice
-    monkeypatch.setattr(kernels_mod, "TURN_WARM_SECONDS", 0.01)
-    schedule = kernels_mod.trial_schedule(("packed", "blas", "mkl"))
-    trial = kernels_mod.Trial(0, schedule)
-    for kernel, seconds in (("packed", 0.26), ("blas", 0.21), ("mkl", 0.03)):
-        assert trial.kernel == kernel
-        trial.pass_ended(seconds)
-    assert trial.timed == [("packed", 0.26), ("blas", 0.21), ("mkl", 0.03)]
-    assert trial.turn == len(schedule)  # the trial is over
-    short = kernels_mod.Trial(0, schedule)
-    short.pass_ended(kernels_mod.LONG_PASS_SECONDS / 2)  # a step: untimed, then two timed
-    short.pass_ended(0.06)
-    assert short.timed == [("packed", 0.06)] and short.kernel == "packed"
-
-
 def test_trials_of_many_rows_leave_mkl_out(monkeypatch):
     monkeypatch.setattr(kernels_mod, "mkl_works", lambda: True)
     rows = kernels_mod.MKL_MAX_ROWS

@@ -96,9 +96,8 @@ def trial_kernels(rows: int = 1) -> tuple[str, ...]:
 
 
 # A trial's turn on one kernel (``trial_schedule``): untimed passes until they have taken
-# TURN_WARM_SECONDS (one at least), then TURN_TIMED timed ones. A trial whose first pass
-# takes LONG_PASS_SECONDS or more times every pass, one a kernel (``Trial.pass_ended``).
-TURN_WARM_SECONDS, TURN_TIMED, LONG_PASS_SECONDS = 0.01, 2, 0.05
+# TURN_WARM_SECONDS (one at least), then TURN_TIMED timed ones.
+TURN_WARM_SECONDS, TURN_TIMED = 0.01, 2
 
 
 def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
@@ -115,9 +114,7 @@ def trial_schedule(kernels: tuple[str, ...]) -> tuple[str, ...]:
     a step over the cache's first 100 positions), yet trials that timed passes right after a
     switch chose BLAS or oneDNN in 12 processes of 12; these chose MKL in 8 of 8, and BLAS at
     one row. A long pass (an encoder's, a prefill's: many rows, each weight read many times)
-    is its own warm-up, and its trial stays short: from ``LONG_PASS_SECONDS`` on, one timed
-    pass a kernel (a prefill of 8 x 192 rows takes 0.2 s, a batch of 8 samples shifts its
-    window 4 times in 500 tokens, and a trial of two turns a kernel took 12 of them)."""
+    is its own warm-up, and its trial stays short."""
     return kernels + kernels[::-1]
 
 
@@ -143,7 +140,6 @@ class Trial:
     timed: list[tuple[str, float]] = field(default_factory=list)  # (kernel, seconds)
     copies: int = 0  # ``packing.copies_made`` when the current pass began
     again: bool = False  # the current pass repeats one that made copies
-    long: bool | None = None  # whether its passes are long (its first pass says)
 
     @property
     def kernel(self) -> str:
@@ -152,16 +148,7 @@ class Trial:
     def pass_ended(self, seconds: float) -> None:
         """Count a pass of the current turn: untimed until the turn's have taken
         ``TURN_WARM_SECONDS`` (one at least), then timed; the turn ends after
-        ``TURN_TIMED`` timed ones. In a trial of long passes (``LONG_PASS_SECONDS``) each
-        pass is timed and ends its turn, and the trial ends when each kernel has had one."""
-        if self.long is None:
-            self.long = seconds >= LONG_PASS_SECONDS
-        if self.long:
-            self.timed.append((self.kernel, seconds))
-            self.turn += 1
-            if self.turn == len(set(self.schedule)):  # k1 .. kn: each kernel once
-                self.turn = len(self.schedule)
-            return
+        ``TURN_TIMED`` timed ones."""
         if self.warm < TURN_WARM_SECONDS:
             self.warm = max(self.warm, 0.0) + seconds
             return
