@@ -159,3 +159,16 @@ def test_a_preset_width_kept_under_a_new_n_embd_is_noted():
         runs._note_kept_width("cpu-small", SEQ2SEQ["cpu-small"], given, notes.append)
     runs._note_kept_width("gpt cpu-small", {"n_embd": 128}, {"n_embd": 256}, notes.append)
     assert len(notes) == 1
+
+
+def test_a_sample_with_control_bytes_prints_them_as_escapes(tmp_path, capsys, monkeypatch):
+    # an untrained byte-level model can sample ESC or a carriage return: shown, not obeyed
+    from minitransformer.training import lm_task, task
+
+    assert task.terminal_text("a\x1b[2Jb\tc\nd\r\x7f\x85é中") == \
+        "a\\x1b[2Jb\tc\nd\\x0d\\x7f\\x85é中"
+    monkeypatch.setattr(lm_task.LanguageModelTask, "sample",
+                        lambda self, *a, **k: "ab\x1b[2Jc\rd")
+    _train(tmp_path / "run", "--data", "shakespeare", "--max_iters", "1", "--sample_tokens", "4")
+    out = capsys.readouterr().out
+    assert "sample: ab\\x1b[2Jc\\x0dd" in out and "\x1b" not in out and "\r" not in out

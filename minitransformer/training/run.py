@@ -42,7 +42,7 @@ from .lora import ADAPTER_FILES
 from .optim import make_optimizer
 from .schedule import cosine_lr, noam_lr
 from .state import CsvLog, capture_rng, restore_rng
-from .task import Batch, Task
+from .task import Batch, Task, terminal_text
 
 
 class TrainingDiverged(UserError):
@@ -377,7 +377,8 @@ class TrainingRun:
             for note in notes:
                 self.bar.write(note)
             if cfg.sample_tokens:
-                self.bar.write("  sample: " + text.replace("\n", "\n          ")[:2000])
+                self.bar.write("  sample: "
+                               + terminal_text(text).replace("\n", "\n          ")[:2000])
 
     def wrap_up(self) -> None:
         """After the loop: a checkpoint to resume from if interrupted, else a last evaluation."""

@@ -24,6 +24,7 @@ Shapes: B batch, T time (block_size), V vocabulary size.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,6 +36,16 @@ from ..models.mlm import IGNORE  # the target id GPT and EncoderModel both skip 
 
 Batch = tuple[torch.Tensor, ...]
 HEALTH_ROWS = 8  # most rows of the fixed val batch whose attention the health guard measures
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1, but tab and newline
+
+
+def terminal_text(text: str) -> str:
+    """A sample as the terminal may show it: control characters other than tab and newline
+    written as escapes (``\\x1b``). An untrained byte-level model's sample can hold any byte,
+    and an escape sequence would move the cursor or clear the screen."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @runtime_checkable
