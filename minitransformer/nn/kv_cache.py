@@ -28,7 +28,7 @@ class KVCache:
     but leaves attention reading each key a head-width apart from the last, and reading is
     what a step spends its time on once the weights and caches outgrow the CPU's last-level
     cache: on a 2-core machine with a 32 MB L3, a batch of 8 sampled its 500 tokens 6-9%
-    faster head-major, one row 2% (docs/BENCHMARKS.md, "The KV cache head-major"). ``k`` and
+    faster head-major, one row 1-4% (docs/BENCHMARKS.md, "The KV cache head-major"). ``k`` and
     ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are. The
     cross-attention keys are kept as projected, without a copy (``fill``): views of another
     layout, read alike.
