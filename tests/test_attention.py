@@ -248,3 +248,17 @@ def test_causal_equals_torch_multihead_attention_with_attn_mask():
 def test_rejects_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3)
+
+
+def test_reordering_a_filled_cache_never_writes_over_the_source_keys():
+    # the projections ``fill`` kept are not a buffer for the next reorder to gather into
+    projected = torch.randn(4, 10, 2, 3)  # (B, T, nkv, hs)
+    kept = projected.clone()
+    cache = KVCache()
+    cache.fill(projected.transpose(1, 2), projected.transpose(1, 2))
+    cache.reorder(torch.tensor([3, 1, 0, 2]))
+    cache.reorder(torch.arange(4))
+    assert torch.equal(projected, kept)
+    torch.testing.assert_close(cache.k, kept.transpose(1, 2)[[3, 1, 0, 2]])
+    cache.clear()  # its storage is its own now: kept for the next positions
+    assert cache._k is not None

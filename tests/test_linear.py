@@ -668,6 +668,26 @@ def test_products_that_do_not_apply_the_gelu_are_followed_by_own_gelu(monkeypatc
     assert calls == [(2, 3, 64)]
 
 
+@needs_packing
+@pytest.mark.parametrize("kernel", ["blas", pytest.param("mkl", marks=pytest.mark.skipif(
+    not linear_mod.mkl_works(), reason="this PyTorch build has no MKL packed GEMM"))])
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_a_prefills_activation_in_place_changes_nothing_else(monkeypatch, kernel, activation):
+    # 8 x 40 rows of a 1,536-wide FFN (more values than a step's): the activation runs in
+    # place on the product's output; the input and the result are as without the scope
+    monkeypatch.setattr(kernels_mod, "KERNEL", kernel)
+    torch.manual_seed(0)
+    ffn = FeedForward(384, 1536, activation).eval()
+    x = torch.randn(8, 40, 384)
+    x_before = x.clone()
+    with torch.inference_mode():
+        expected = ffn(x)
+        with linear_mod.packed_weights(ffn):
+            y = ffn(x)
+    assert torch.equal(x, x_before)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_unfused_activation():
     assert packing_mod.unfused_activation(nn.GELU()) is packing_mod.product_gelu
     assert packing_mod.unfused_activation(nn.ReLU()) is F.relu_

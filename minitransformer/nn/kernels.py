@@ -81,10 +81,11 @@ KERNEL = kernel_setting()
 
 
 # MKL's packed GEMM saves the packing of W that MKL's GEMM does at each call of a few rows.
-# From 64 rows on the two were level here (547 against 549 µs on a 1,536 x 384 weight, 2
-# threads), while a copy packed for a prefill's rows is one more copy of every weight (42 MB
-# for config (b)) and made whole prefills slower (275 against 210 ms at 8 x 192 rows): trials
-# of more rows than this leave MKL out.
+# On an AMD VM the two were level from 32 rows on (547 against 549 µs at 64 rows on a 1,536 x
+# 384 weight, 2 threads), where an Intel VM had MKL's the fastest at 32 rows; a copy packed
+# for a prefill's rows is one more copy of every weight (42 MB for config (b)) and made whole
+# prefills slower (275 against 210 ms at 8 x 192 rows). So trials of more rows than this, a
+# judgement between the two, leave MKL out.
 MKL_MAX_ROWS = 64
 
 

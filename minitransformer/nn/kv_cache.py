@@ -119,12 +119,14 @@ class KVCache:
         n = self.length  # only the filled positions are copied
         torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
         torch.index_select(self._v[:, :, :n], 0, index, out=spare[1][:, :, :n])
-        self._spare = (self._k, self._v)
+        # the source's keys ``fill`` kept are another tensor's views: never a buffer to reuse
+        self._spare = None if self.borrowed else (self._k, self._v)
         self._k, self._v = spare  # (B', nkv, capacity, hs)
+        self.borrowed = False
 
     def drop_front(self, n: int, rekey=None) -> None:
         """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
-        to the front. ``rekey`` (optional) maps the kept keys (B, nh, length - n, hs) to the
+        to the front. ``rekey`` (optional) maps the kept keys (B, nkv, length - n, hs) to the
         keys to keep instead (RoPE's re-rotation)."""
         if n <= 0 or self._k is None:
             return

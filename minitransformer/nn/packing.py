@@ -154,7 +154,8 @@ def own_gelu(x: torch.Tensor) -> torch.Tensor:
 
 def product_gelu(y: torch.Tensor) -> torch.Tensor:
     """Exact GELU of a product's output ``y``, which nothing else holds: a step's few thousand
-    values by ``own_gelu``; more, in place, by oneDNN (the same values as ``F.gelu``).
+    values by ``own_gelu``; more, in place (by oneDNN where PyTorch has it, as ``F.gelu``: the
+    same values).
 
     In place, because a new output is fresh memory, and the first write to each of its pages
     is a page fault: on 2.4 million values (a prefill of 8 x 192 positions, 1,536 wide) a new
