@@ -115,12 +115,16 @@ def batched(new_tokens: int = 500, samples: int = 8, rounds: int = 2, seed: int 
                                             "sample", **kw)
         together.append(samples * new_tokens / dt)
         set_threads()
+        before = torch.get_num_threads()
         decoding_threads(model, torch.device("cpu"))
         n_one = torch.get_num_threads()
-        t0 = time.perf_counter()
-        ones = [model.generate(prompt, new_tokens, temperature=1.0, seed=seed + i)
-                for i in range(samples)]
-        alone.append(samples * new_tokens / (time.perf_counter() - t0))
+        try:
+            t0 = time.perf_counter()
+            ones = [model.generate(prompt, new_tokens, temperature=1.0, seed=seed + i)
+                    for i in range(samples)]
+            alone.append(samples * new_tokens / (time.perf_counter() - t0))
+        finally:  # set_threads never raises the count: the next round's batch starts from it
+            torch.set_num_threads(before)
     same, first_diff = 0, []
     for i, one in enumerate(ones):
         diff = (batch[i] != one[0]).nonzero()
