@@ -167,6 +167,9 @@ def test_a_sample_with_control_bytes_prints_them_as_escapes(tmp_path, capsys, mo
 
     assert task.terminal_text("a\x1b[2Jb\tc\nd\r\x7f\x85é中") == \
         "a\\x1b[2Jb\tc\nd\\x0d\\x7f\\x85é中"
+    # a right-to-left override would show the rest of the line backwards; U+2028 breaks it
+    assert task.terminal_text("ab\u202ecd\u2028e\u2066f") == "ab\\u202ecd\\u2028e\\u2066f"
+    assert task.terminal_text("abc\x1bdef", limit=4) == "abc\\x1b"  # cut, then escaped
     monkeypatch.setattr(lm_task.LanguageModelTask, "sample",
                         lambda self, *a, **k: "ab\x1b[2Jc\rd")
     _train(tmp_path / "run", "--data", "shakespeare", "--max_iters", "1", "--sample_tokens", "4")

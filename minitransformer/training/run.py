@@ -378,7 +378,7 @@ class TrainingRun:
                 self.bar.write(note)
             if cfg.sample_tokens:
                 self.bar.write("  sample: "
-                               + terminal_text(text).replace("\n", "\n          ")[:2000])
+                               + terminal_text(text, 2000).replace("\n", "\n          "))
 
     def wrap_up(self) -> None:
         """After the loop: a checkpoint to resume from if interrupted, else a last evaluation."""

@@ -38,14 +38,24 @@ Batch = tuple[torch.Tensor, ...]
 HEALTH_ROWS = 8  # most rows of the fixed val batch whose attention the health guard measures
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1, but tab and newline
+# C0 and C1 but tab and newline; Unicode's bidirectional marks, embeddings, overrides and
+# isolates, which reorder what follows them on the line; its line and paragraph separators
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                     "\u2028\u2029]")
 
 
-def terminal_text(text: str) -> str:
+def terminal_text(text: str, limit: int | None = None) -> str:
     """A sample as the terminal may show it: control characters other than tab and newline
-    written as escapes (``\\x1b``). An untrained byte-level model's sample can hold any byte,
-    and an escape sequence would move the cursor or clear the screen."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    written as escapes (``\\x1b``, ``\\u202e``). An untrained byte-level model's sample can
+    hold any byte, and an escape sequence would move the cursor or clear the screen; a
+    right-to-left override would show the rest of the line backwards. ``limit``: the first
+    ``limit`` characters of ``text`` only, cut before escaping (so no escape is cut)."""
+    return CONTROL.sub(escape, text[:limit])
+
+
+def escape(m: re.Match) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 @runtime_checkable
