@@ -556,6 +556,28 @@ def seq2seq_folder(tmp_path):
     return tmp_path / "mt"
 
 
+def test_a_translation_that_ends_at_once_is_an_empty_translation(seq2seq_folder):
+    """A model whose first choice is </s> translates to nothing: a 200 with an empty
+    translation, as ``translate`` prints an empty line (no cross-attention to draw)."""
+    from minitransformer.training.checkpoint import read_meta
+
+    run = load_run(seq2seq_folder)
+    model, tokenizer = run.model, run.tokenizer
+    with torch.no_grad():  # every decoder output is u, and only </s>'s embedding is along u
+        u = torch.nn.functional.normalize(torch.ones(model.config.n_embd), dim=0)
+        model.tok_emb.weight[tokenizer.eos_id] = 100 * u
+        norm = model.decoder.layers[-1].res_ffn.norm
+        norm.weight.zero_()
+        norm.bias.copy_(u)
+    write_model_files(seq2seq_folder, model, read_meta(seq2seq_folder), tokenizer)
+    assert main(["translate", str(seq2seq_folder), "In the"]) == 0
+    with running(create_app(load_run(seq2seq_folder), Settings(model_id="m"))) as u:
+        for beam in (1, 4):
+            status, body = post(u, json.dumps({"text": "In the", "beam": beam}).encode(),
+                                path="api/translate")
+            assert (status, body) == (200, {"translation": ""}), body
+
+
 def test_a_source_past_learned_positions_is_cut_with_a_note_or_a_400(tmp_path, capsys):
     """translate reads the first block_size - 1 tokens of a longer source and says so; the
     server's translation, which reads a text whole, answers a 400, not an internal error."""

@@ -85,6 +85,8 @@ def translate(run, text: str, beam: int) -> dict:
         out = run.family.translate(run.model, run.tokenizer, [text], {"beam": beam}, device)[0]
     except UserError as e:  # a sentence longer than the model reads, say
         raise APIError(400, f"text: {e}", "text", "bad_text") from None
+    if not out:  # </s> first (a young model): nothing attended to draw
+        return {"translation": ""}
     views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text, out)}
     cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
     body = {"translation": out}
