@@ -237,6 +237,10 @@ def test_a_public_host_needs_a_key(run_dir, capsys):
     assert main(["serve", str(run_dir), "--host", "0.0.0.0", "--api_key", "k",
                  "--insecure_no_key"]) == 2
     assert "--api_key is given; drop it" in _error(capsys)
+    # a key no client can send (blank, spaces at its ends, not ASCII) is refused, not served
+    for key in ("", " ", " k", "k\t", "clé"):
+        assert main(["serve", str(run_dir), "--host", "0.0.0.0", "--api_key", key]) == 2
+        assert "--api_key" in _error(capsys)
 
 
 def test_missing_and_corrupt_run_folders(tmp_path, capsys):

@@ -87,6 +87,15 @@ def port_number(text: str) -> int:
                          f"a port is 0 to {MAX_PORT}")
 
 
+def api_key(text: str) -> str:
+    """A key clients can send as 'Authorization: Bearer KEY': visible ASCII characters, no
+    spaces (an HTTP header's value is ASCII, and the server strips the token's ends)."""
+    if not text or not all("!" <= ch <= "~" for ch in text):
+        raise argparse.ArgumentTypeError("expected visible ASCII characters without spaces "
+                                         "(clients send 'Authorization: Bearer KEY')")
+    return text
+
+
 def length_penalty(text: str) -> float:
     """GNMT's length penalty alpha: a number from 0 to ``MAX_LENGTH_PENALTY``."""
     try:

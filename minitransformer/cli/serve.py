@@ -13,7 +13,7 @@ from ..errors import UserError
 from ..families import load_run
 from ..training.device import decoding_threads, pick_device
 from ..viz.i18n import LANGS
-from .flags import add_device, add_which, port_number, positive_int
+from .flags import add_device, add_which, api_key, port_number, positive_int
 
 EPILOG = """\
 The API speaks OpenAI's completions protocol: point the openai client (or curl, LangChain,
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
                         "--api_key (default 127.0.0.1)")
     s.add_argument("--port", type=port_number, default=8000,
                    help="port to listen on, 0 to 65535; 0 = any free port (default 8000)")
-    s.add_argument("--api_key", default=None,
+    s.add_argument("--api_key", type=api_key, default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 and /api (default none)")
     s.add_argument("--insecure_no_key", action="store_true",
                    help="serve a non-loopback host without an API key (default off)")
