@@ -231,6 +231,13 @@ def test_logprobs_are_the_models_own(client, run):
         assert token in top and len(top) == 3 + (list(top).index(token) == 3)
         assert list(top.values()) == sorted(top.values(), reverse=True)
         assert max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
+    # logprobs 0: no others, the token drawn alone (OpenAI's "up to logprobs + 1")
+    r0 = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, seed=1,
+                                   logprobs=0, temperature=0.7)
+    lp0 = r0.choices[0].logprobs
+    assert r0.choices[0].text == r.choices[0].text and lp0.token_logprobs == lp.token_logprobs
+    assert lp0.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs,
+                                                        strict=True)]
 
 
 def test_concurrent_clients_get_their_own_text(client, run):

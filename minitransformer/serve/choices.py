@@ -91,14 +91,11 @@ class Choice:
         if data is not None:
             self.utf8.decode(data)
         if logprobs is not None:
-            top: dict[str, float] = {}
-            if k:
-                best = torch.topk(logprobs, min(k, logprobs.numel()))
-                pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
-                if token not in best.indices.tolist():
-                    pairs.append((token, float(logprobs[token])))
-                top = {token_label(tokenizer, i): v
-                       for i, v in sorted(pairs, key=lambda p: -p[1])}
+            best = torch.topk(logprobs, min(k, logprobs.numel()))  # k = 0: the drawn one only
+            pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+            if token not in best.indices.tolist():
+                pairs.append((token, float(logprobs[token])))
+            top = {token_label(tokenizer, i): v for i, v in sorted(pairs, key=lambda p: -p[1])}
             self.tokens.append(TokenInfo(token_label(tokenizer, token), start,
                                          float(logprobs[token]), top))
         text = tokenizer.decode(self.ids)
