@@ -359,3 +359,24 @@ def test_a_preset_min_lr_above_a_given_learning_rate_follows_it_down(tmp_path, c
         (folder / "config.json").write_text(json.dumps(meta), encoding="utf-8")
     assert main(["evaluate", str(out), "--eval_iters", "1"]) == 0
     assert main(["train", "--out", str(out), "--resume", "--max_iters", "6", "--quiet"]) == 0
+
+
+def test_running_out_of_memory_is_a_user_error_with_the_size(run_dir, monkeypatch, capsys):
+    """A context or batch too large for the machine: PyTorch's CPU allocator refuses the
+    tensor with a RuntimeError; one line with the size asked, exit 2. Another RuntimeError
+    stays an internal error (exit 1)."""
+    from minitransformer.models import gpt
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 80000000000 bytes. "
+                           "Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(gpt.GPT, "forward", refuse)
+    assert main(["sample", str(run_dir), "--prompt", "the", "--max_new_tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "out of memory (a tensor of 80.0 GB)" in err, err
+    monkeypatch.setattr(gpt.GPT, "forward", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("something else")))
+    assert main(["sample", str(run_dir), "--prompt", "the", "--max_new_tokens", "2"]) == 1
+    assert "internal error: RuntimeError: something else" in capsys.readouterr().err

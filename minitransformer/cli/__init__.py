@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import warnings
+
+import torch
 
 from ..errors import UserError
 from ..nn.kernels import kernel_setting_problem
@@ -89,9 +92,12 @@ def _run(argv: list[str] | None) -> int:
         if not rank:  # every rank reads the same flags and files, and fails alike
             print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except MemoryError:
-        print(f"{prog}: error: out of memory: the model or batch is too large for this "
-              f"machine; try smaller sizes", file=sys.stderr)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            return internal_error(e, args)
+        if not rank:
+            print(f"{prog}: error: out of memory{asked(e)}: the model, batch or sequence "
+                  f"length is too large for this machine; try smaller sizes", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("minitransformer: interrupted", file=sys.stderr)
@@ -99,18 +105,36 @@ def _run(argv: list[str] | None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
-        if args.debug:
-            raise
-        if "WORLD_SIZE" in os.environ and isinstance(e, RuntimeError) and \
-                any(s in str(e) for s in PEER_LOST):
-            print(f"{prog}: error: another process of this distributed run stopped or lost its "
-                  f"connection ({str(e).splitlines()[0][:160]}); the run folder keeps its last "
-                  f"checkpoint: train --out RUN --resume continues it", file=sys.stderr)
-            return 1
-        print(f"minitransformer: internal error: {type(e).__name__}: {e}\n"
-              f"(this is a bug; rerun as minitransformer --debug {args.command} ... for the "
-              f"traceback)", file=sys.stderr)
+        return internal_error(e, args)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, a GPU's, or PyTorch's CPU allocator refusing a tensor."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
+        "can't allocate memory" in str(e)
+
+
+def asked(e: BaseException) -> str:
+    """' (a tensor of 80.0 GB)' from the allocator's message, or ''."""
+    m = re.search(r"tried to allocate (\d+) bytes", str(e))
+    return f" (a tensor of {int(m.group(1)) / 1e9:.1f} GB)" if m else ""
+
+
+def internal_error(e: BaseException, args) -> int:
+    """A bug: one line unless --debug (then the traceback)."""
+    prog = f"minitransformer {args.command}"
+    if args.debug:
+        raise e
+    if "WORLD_SIZE" in os.environ and isinstance(e, RuntimeError) and \
+            any(s in str(e) for s in PEER_LOST):
+        print(f"{prog}: error: another process of this distributed run stopped or lost its "
+              f"connection ({str(e).splitlines()[0][:160]}); the run folder keeps its last "
+              f"checkpoint: train --out RUN --resume continues it", file=sys.stderr)
         return 1
+    print(f"minitransformer: internal error: {type(e).__name__}: {e}\n"
+          f"(this is a bug; rerun as minitransformer --debug {args.command} ... for the "
+          f"traceback)", file=sys.stderr)
+    return 1
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]
