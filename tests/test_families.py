@@ -243,3 +243,14 @@ def test_pages_name_the_corpus_by_its_file_names():
     assert data_label({"data": {"source": ["/a/x.txt", "/b/y.jsonl"]}}, "run") == "x.txt, y.jsonl"
     assert data_label({"data": {"source": "shakespeare"}}, "run") == "shakespeare"
     assert data_label({}, "runs/mine") == "runs/mine"
+
+
+def test_a_token_cap_below_the_longest_pair_says_those_pairs_come_alone(tmp_path, capsys):
+    """--batch_tokens under a pair's length cannot hold it: such a pair is a batch of its own,
+    and the summary says so instead of claiming a cap no batch keeps."""
+    assert main(["train", "--data", _pairs(tmp_path / "pairs.tsv"), "--out",
+                 str(tmp_path / "mt"), "--preset", "debug", "--vocab_size", "300",
+                 "--batch_tokens", "5", "--max_iters", "1", "--eval_iters", "1",
+                 "--sample_tokens", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"<= 5 tokens \(a pair longer, up to \d+, alone\)", out), out

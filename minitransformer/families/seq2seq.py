@@ -167,13 +167,17 @@ class Seq2SeqFamily(Family):
 
     def describe(self, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         c, d = built.config, prepared.data_meta["config"]
+        src, tgt = built.task.splits["train"]
+        longest = max(max(len(a), len(b) + 1) for a, b in zip(src, tgt, strict=True))
+        alone = f" (a pair longer, up to {longest}, alone)" if longest > d["batch_tokens"] else ""
         lines = summary_lines(
             f"corpus {prepared.extra['corpus'].name}: {prepared.summary}; "
             f"{prepared.extra['dropped']:,} training pairs longer than {d['train_max_len']} "
             f"tokens dropped, {prepared.extra['kept']:,} kept", "model", built,
             f"{c.encoder_layers}+{c.decoder_layers} layers, {c.n_head} heads, {c.n_embd} wide, "
             f"d_ff {c.ffn_width}", train_cfg,
-            f"batches of <= {train_cfg.batch_size} pairs and <= {d['batch_tokens']} tokens")
+            f"batches of <= {train_cfg.batch_size} pairs and <= {d['batch_tokens']} tokens"
+            + alone)
         return [lines[0], f"joint BPE vocabulary: {prepared.tokenizer.vocab_size:,} tokens",
                 *lines[1:]]
 
