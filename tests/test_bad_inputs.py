@@ -380,3 +380,38 @@ def test_running_out_of_memory_is_a_user_error_with_the_size(run_dir, monkeypatc
         RuntimeError("something else")))
     assert main(["sample", str(run_dir), "--prompt", "the", "--max_new_tokens", "2"]) == 1
     assert "internal error: RuntimeError: something else" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--out", ""], "--out"), (["train", "--data", "", "--out", "o"], "--data"),
+    (["evaluate", ""], "DIR"), (["export", "RUN", "--hf", ""], "--hf"),
+    (["sample", "--hf", ""], "--hf"),
+    (["compare", "--vary", "n_layer=1,2", "--out", ""], "--out"),
+    (["prepare", "--data", "a.txt", "--data", "", "--out", "o"], "--data"),
+    (["translate", "RUN", "--input", ""], "--input")])
+def test_an_empty_path_is_refused_not_taken_as_here(argv, flag, tmp_path, monkeypatch, capsys):
+    """An unset shell variable (--out "$RUN") would be the current folder, or no --data at
+    all (the default corpus): an error naming the flag, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    check_user_error(capsys, argv, f"{flag} is empty")
+    assert not any(tmp_path.iterdir())
+
+
+def test_several_sources_are_given_to_evaluate_and_prepare_as_to_train(tmp_path, capsys):
+    """--data A B and --data A --data B: evaluate scores a run on both (its own two, here the
+    same figures as without --data), prepare prepares both, as train reads them."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("hello world, the quick brown fox. " * 60, encoding="utf-8")
+    b.write_text("the lazy dog jumps over it again. " * 60, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(a), str(b), "--out", str(run), *TINY]) == 0
+    capsys.readouterr()
+    scores = []
+    for extra in ([], ["--data", str(a), str(b)], ["--data", str(a), "--data", str(b)]):
+        assert main(["evaluate", str(run), *extra]) == 0
+        scores.append(capsys.readouterr().out.splitlines()[0])
+    assert scores[0].startswith("val loss") and len(set(scores)) == 1, scores
+    for name, extra in (("p1", [str(a), str(b)]), ("p2", [str(a), "--data", str(b)])):
+        assert main(["prepare", "--data", *extra, "--out", str(tmp_path / name)]) == 0
+    assert (tmp_path / "p1" / "tokens.bin").read_bytes() == \
+        (tmp_path / "p2" / "tokens.bin").read_bytes()

@@ -11,7 +11,15 @@ from ..families import load_run
 from ..families.base import NotApplicable
 from ..families.seq2seq import BLEU_TOKENIZERS
 from ..training.device import pick_device
-from .flags import add_decoding_flags, add_device, add_run_dir, nonneg_int, positive_int, seed
+from .flags import (
+    add_decoding_flags,
+    add_device,
+    add_run_dir,
+    data_flag,
+    nonneg_int,
+    positive_int,
+    seed,
+)
 
 OPTIONS = ("data", "encoding", "text_field", "eval_iters", "batch_size", "seed", "split", "limit",
            "examples", "beam", "length_penalty", "max_len", "bleu_tokenize", "src", "tgt",
@@ -21,8 +29,9 @@ OPTIONS = ("data", "encoding", "text_field", "eval_iters", "batch_size", "seed",
 def add_parser(sub) -> None:
     e = sub.add_parser("evaluate", help="val loss and the family's measures (BLEU for seq2seq)")
     add_run_dir(e)
-    e.add_argument("--data", default=None,
-                   help="corpus to score (default: the one it was trained on); GPT and "
+    e.add_argument("--data", action="extend", nargs="+", default=None, metavar="CORPUS",
+                   help="corpus to score (default: the one it was trained on; several, as "
+                        "train takes them: --data A B or --data A --data B); GPT and "
                         "encoder runs score another text (a test file) by eval_iters x "
                         "batch_size windows drawn from all of it, their own (even moved or "
                         "copied) and a prepared folder by its val split, as training measured "
@@ -63,6 +72,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_evaluate(args) -> int:
+    args.data = data_flag(args.data)  # one source a string, as the run's config.json holds it
     options = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
     if args.encoding is not None and args.data is None:
         raise NotApplicable("--encoding is the encoding of --data; without it the run's own "

@@ -87,6 +87,13 @@ def port_number(text: str) -> int:
                          f"a port is 0 to {MAX_PORT}")
 
 
+def data_flag(given: list[str] | None) -> str | list[str] | None:
+    """--data as the request holds it: one source a string (as config.json records it)."""
+    if not given:
+        return None
+    return given[0] if len(given) == 1 else list(given)
+
+
 def api_key(text: str) -> str:
     """A key clients can send as 'Authorization: Bearer KEY': visible ASCII characters, no
     spaces (an HTTP header's value is ASCII, and the server strips the token's ends)."""
@@ -249,6 +256,10 @@ class HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, max_help_position=34, width=100)
 
 
+# the destinations that hold paths (files, folders, run folders): none may be empty
+PATH_FLAGS = {"data", "data_tgt", "out", "init_from", "dir", "hf", "input", "tokenizer_from"}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one flag style, one-line errors, and the closest flag for a misspelt one."""
 
@@ -290,7 +301,18 @@ class Parser(argparse.ArgumentParser):
             if owners := self._other_commands_flags(extra, parsed.command):
                 sub.exit(2, f"{sub.prog}: error: {owners} (see {sub.prog} --help)\n")
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
+        if (sub := self._subcommands().get(getattr(parsed, "command", None))) is not None:
+            sub.refuse_empty_paths(parsed)
         return parsed
+
+    def refuse_empty_paths(self, parsed) -> None:
+        """An empty path (an unset shell variable: ``--out "$RUN"``) is an error: as a path
+        it would mean the current folder, or no --data at all (the default corpus)."""
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None) if action.dest in PATH_FLAGS else None
+            if value == "" or (isinstance(value, list) and "" in value):
+                name = max(action.option_strings, key=len, default=action.dest.upper())
+                self.error(f"{name} is empty (an unset shell variable?): name a file or folder")
 
     def _other_commands_flags(self, extra: list[str], command: str) -> str:
         """'--context_mode is a flag of sample, not of train' for flags given to a command

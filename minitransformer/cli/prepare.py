@@ -26,9 +26,9 @@ def add_parser(sub) -> None:
                     "its --text_field), fit the tokenizer, and write DATA_DIR: tokens.bin, "
                     "tokenizer.json, manifest.json. train --data DATA_DIR then reads windows "
                     "from the memory map, whatever the corpus size.")
-    p.add_argument("--data", action="append", metavar="SOURCE",
-                   help="a bundled corpus, a file, a folder or a glob; give it several times to "
-                        "prepare sources together, in that order")
+    p.add_argument("--data", action="extend", nargs="+", metavar="SOURCE",
+                   help="a bundled corpus, a file, a folder or a glob; several (--data A B, or "
+                        "--data A --data B) are prepared together, in that order")
     p.add_argument("--out", help="the DATA_DIR to write")
     p.add_argument("--model", default=None, choices=PREPARED_FAMILIES,
                    help="the family that will train on it (its special tokens; default gpt, or "

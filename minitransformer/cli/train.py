@@ -15,7 +15,7 @@ from ..config import TrainConfig
 from ..experiments.runs import TrainRequest, train_run
 from ..families import FAMILIES, choose_family
 from ..training.lora import LoraConfig
-from .flags import add_config_flags, add_tokenizer_flag, config_values
+from .flags import add_config_flags, add_tokenizer_flag, config_values, data_flag
 
 
 def _config_groups() -> list[tuple[type, str]]:
@@ -100,13 +100,6 @@ def preset_defaults() -> dict:
         own = set(family.field_names()) - set(first.field_names())
         shown.update({k: v for k, v in family.preset(None).items() if k in own})
     return shown
-
-
-def data_flag(given: list[str] | None) -> str | list[str] | None:
-    """--data as the request holds it: one source a string (as config.json records it)."""
-    if not given:
-        return None
-    return given[0] if len(given) == 1 else list(given)
 
 
 def cmd_train(args) -> int:
