@@ -141,6 +141,15 @@ def test_a_run_on_a_file_resumes_and_evaluates_anywhere_and_names_a_moved_source
     assert main(["evaluate", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert f"{text} changed" in err and "--data" in err and err.count("\n") == 1, err
+    # named with --data, the changed file is read as it is now: another text, scored whole,
+    # and a resume trains on it (and records it: no --data needed after)
+    text.write_text(ENGLISH.replace("\r\n", "\n") * 2, encoding="utf-8")  # its own letters
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(text)]) == 0, \
+        capsys.readouterr().err
+    assert "all of" in capsys.readouterr().out
+    for extra in (["--data", str(text)], []):
+        assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--max_iters", "9",
+                     "--quiet", *extra]) == 0, capsys.readouterr().err
 
 
 def test_several_sources_are_prepared_together_in_order(tmp_path, capsys):

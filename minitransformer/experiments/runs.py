@@ -27,7 +27,7 @@ from ..data.shards import is_prepared
 from ..data.text import check_encoding_applies, same_encoding
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
-from ..families.base import train_config
+from ..families.base import as_named_now, train_config
 from ..families.pretrained import read_source
 from ..presets import with_preset
 from ..tokenizers import UnknownCharactersError
@@ -204,7 +204,8 @@ def pretrained_run(req: TrainRequest, echo=print):
     check_encoding_applies(data, req.encoding)
     meta = source.meta if source.kind == "run" else {}
     try:
-        prepared = family.reopen(meta, source.tokenizer, data, req.encoding or "utf-8",
+        prepared = family.reopen(as_named_now(meta) if req.data else meta, source.tokenizer,
+                                 data, req.encoding or "utf-8",
                                  req.data_tgt, req.newline, text_field=req.text_field)
     except UnknownCharactersError as e:
         raise UserError(f"{data}: {e}. A character model ({source.path}) can only be "
@@ -267,7 +268,7 @@ def resumed_run(req: TrainRequest):
     train_cfg = train_config(meta, train_f if fixed is merged else
                              {**train_f, "min_lr": fixed["min_lr"]})
     _check_launch(family, train_cfg, "lora_rank" in req.lora or meta.get("lora") is not None)
-    prepared = family.reopen(meta, tokenizer, source,
+    prepared = family.reopen(as_named_now(meta) if req.data else meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)
     try:

@@ -279,6 +279,14 @@ def data_source(meta: dict, options: dict) -> tuple[str | list[str], str]:
     return source, options.get("encoding") or data.get("encoding", "utf-8")
 
 
+def as_named_now(meta: dict) -> dict:
+    """``meta`` for reading text the user named with --data: its data without the recorded
+    fingerprints and cache, so that a file of the run's own name is read as it is now, even
+    where it changed since (the recorded state is for finding the run's own text unnamed)."""
+    data = {k: v for k, v in meta.get("data", {}).items() if k not in ("sources", "cache")}
+    return {**meta, "data": data}
+
+
 def data_label(meta: dict, fallback: str) -> str:
     """The corpus a run was trained on, as a page names it: bundled names as they are, files
     by their names (config.json keeps absolute paths), several joined; else ``fallback``."""

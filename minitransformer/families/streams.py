@@ -31,7 +31,7 @@ from ..tokenizers import load_tokenizer
 from ..training.device import pick_dtype
 from ..training.task import check_divisible
 from ..training.trainer import estimate_loss
-from .base import Family, NotApplicable, Prepared, data_source, train_config
+from .base import Family, NotApplicable, Prepared, as_named_now, data_source, train_config
 
 
 def as_sources(source: str | list[str]) -> list[str]:
@@ -212,14 +212,10 @@ class StreamFamily(Family):
         all of it (whole = True): a test file is there to be scored, not split; a prepared
         folder keeps the split it was prepared with."""
         source, encoding = data_source(meta, options)
-        prepared = self.reopen(meta, tokenizer, source, encoding,
-                               text_field=options.get("text_field"))
-        recorded = meta.get("data", {})
-        field = options.get("text_field")
-        own_name = recorded_source(as_sources(source)) == recorded.get("source") and \
-            field in (None, recorded.get("text_field", "text"))
-        whole = not prepared.data_meta.get("prepared") and not own_name and \
-            not same_corpus(recorded, prepared.data_meta)
+        prepared = self.reopen(as_named_now(meta) if options.get("data") else meta, tokenizer,
+                               source, encoding, text_field=options.get("text_field"))
+        whole = not prepared.data_meta.get("prepared") and \
+            not same_corpus(meta.get("data", {}), prepared.data_meta)
         if whole:
             ids = joined(prepared.train_ids, prepared.val_ids)
             if len(ids) < model.config.block_size + 1:
@@ -257,16 +253,18 @@ class StreamFamily(Family):
 
 
 def same_corpus(recorded: dict, data_meta: dict) -> bool:
-    """Whether ``data_meta`` (a corpus read now) is the text a run recorded it was trained on:
-    the same source, or files of the same contents (a corpus moved since), read from the
-    same field. A run trained on a prepared folder was split by it: only the folder is its
-    own (the text it was prepared from, split 90/10 here, would mix its splits)."""
+    """Whether ``data_meta`` (a corpus read now) is the text a run recorded it was trained on,
+    read from the same field: files of the same contents, wherever they are now (a corpus
+    moved since; one changed under its own name is not), or, for a run that recorded no
+    contents, the same source. A run trained on a prepared folder was split by it: only the
+    folder is its own (the text it was prepared from, split 90/10 here, would mix its
+    splits)."""
     if data_meta.get("text_field", "text") != recorded.get("text_field", "text"):
         return False
-    if data_meta.get("source") == recorded.get("source"):
-        return True
     if recorded.get("prepared"):
-        return False
+        return data_meta.get("source") == recorded.get("source")
     mine = [f.get("sha256") for f in recorded.get("sources", [])]
-    return bool(mine) and None not in mine and \
-        mine == [f.get("sha256") for f in data_meta.get("sources", [])]
+    now = [f.get("sha256") for f in data_meta.get("sources", [])]
+    if mine and None not in mine and now:  # by contents: a file of its name may have changed
+        return mine == now
+    return data_meta.get("source") == recorded.get("source")  # a run from before fingerprints
