@@ -415,3 +415,22 @@ def test_several_sources_are_given_to_evaluate_and_prepare_as_to_train(tmp_path,
         assert main(["prepare", "--data", *extra, "--out", str(tmp_path / name)]) == 0
     assert (tmp_path / "p1" / "tokens.bin").read_bytes() == \
         (tmp_path / "p2" / "tokens.bin").read_bytes()
+
+
+def test_a_run_inside_its_data_folder_is_refused(tmp_path, capsys):
+    """--data books --out books (or books/run): the run's files would join the text the
+    next time the folder is read; refused before anything is written."""
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "ch1.txt").write_text("hello world, the quick brown fox. " * 60, encoding="utf-8")
+    for out in (books, books / "run"):
+        check_user_error(capsys, ["train", "--data", books, "--out", out, *TINY],
+                         f"--out {out} is inside the --data folder")
+    assert sorted(p.name for p in books.iterdir()) == ["ch1.txt"]
+
+
+def test_resume_with_init_from_says_drop_it(run_dir, capsys):
+    """--resume continues the run; --init_from (even naming the run itself) starts another."""
+    for source in (run_dir, run_dir.parent / "elsewhere"):
+        check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--init_from", source],
+                         "drop --init_from")

@@ -227,8 +227,6 @@ def resumed_run(req: TrainRequest):
     found = ckpt.list_checkpoints(req.out)
     if not found:
         raise UserError(f"nothing to resume in {req.out}: it has no checkpoints/ folder")
-    if req.init_from is not None:
-        raise UserError("--resume continues the run's own weights; drop --init_from")
     meta = ckpt.read_meta(found[-1])
     family = family_of(meta)
     if req.preset is not None and meta.get("preset", req.preset) != req.preset:
@@ -318,6 +316,12 @@ def nothing_left(state: dict, cfg: TrainConfig) -> str | None:
 def train_run(req: TrainRequest, echo=print) -> int:
     """Train (or resume) the run ``req`` asks for; returns the exit code."""
     out = Path(req.out)
+    if req.resume and req.init_from is not None:
+        raise UserError("--resume continues the run's own weights; drop --init_from")
+    for source in [req.data] if isinstance(req.data, str) else req.data or []:
+        if Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
+            raise UserError(f"--out {out} is inside the --data folder {source}: the run's files "
+                            f"would be read as its text next time; write the run elsewhere")
     if req.init_from is not None and Path(req.init_from).resolve() == out.resolve():
         raise UserError(f"--out {out} is the --init_from folder: the new run would write over "
                         f"the model it starts from (--force does not change this); give the "
