@@ -109,6 +109,7 @@ def test_aliases_people_bring_from_other_tools():
     (["train", "--out", "o", "--compile", "maybe"], ["expected auto, on or off, got 'maybe'"]),
     (["train", "--out", "o", "--context-mode", "roll"],  # another command's flag
      ["--context-mode is a flag of sample, not of train"]),
+    (["sample", "d", "--debug"], ["--debug goes before the command"]),
     (["sample", "d", "--beam", "4", "--top=3", "--bogus", "1"],
      ["--beam is a flag of translate and evaluate, not of sample; --top is a flag of fill",
       "; unrecognized: --bogus"]),

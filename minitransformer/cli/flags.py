@@ -364,6 +364,8 @@ class Parser(argparse.ArgumentParser):
         for sub in self._subcommands().values():  # flags of the subcommands too
             known += [s for b in sub._actions for s in b.option_strings]
         given = message.split(":", 1)[1].split()
+        if "--debug" in given:  # the program's flag, given after the command
+            return " (--debug goes before the command: minitransformer --debug COMMAND ...)"
         # NAME=VALUE after a flag of another tool's (--set n_embd=256): the field's own flag
         pairs = [w.partition("=") for w in given if "=" in w and not w.startswith("-")]
         settings = [f"--{name} {value}" for name, _, value in pairs if f"--{name}" in known]

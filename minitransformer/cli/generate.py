@@ -83,7 +83,7 @@ def add_sample(sub) -> None:
                    default="recompute",
                    help="recompute the cache from the new window, or roll it (rope / alibi "
                         "only; an approximation); see below (default recompute)")
-    add_which(s)
+    add_which(s, default=None)
     s.add_argument("--no-cache", "--no_cache", action="store_true",
                    help="recompute the whole window every token, the same text slower "
                         "(default off: the KV cache)")
@@ -217,10 +217,13 @@ def cmd_sample(args) -> int:
     if args.hf:
         if args.dir:
             raise UserError("give a run folder or --hf PATH, not both")
+        if args.which is not None:
+            raise UserError("--which picks a run folder's checkpoint; a Hugging Face folder "
+                            "holds one model: drop it")
         return _sample_hf(args, device)
     if not args.dir:
         raise UserError("give a run folder to sample from (or --hf PATH)")
-    run = load_run(args.dir, args.which, device)
+    run = load_run(args.dir, args.which or "best", device)
     run.family.require("sample")
     decoding_threads(run.model, device, args.num_samples)
     _write_samples(run.model, run.tokenizer, run.tokenizer.encode(args.prompt), args, device)
