@@ -434,3 +434,12 @@ def test_resume_with_init_from_says_drop_it(run_dir, capsys):
     for source in (run_dir, run_dir.parent / "elsewhere"):
         check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--init_from", source],
                          "drop --init_from")
+
+
+def test_a_negative_learning_rate_is_only_refused_not_first_followed(tmp_path, capsys):
+    """The preset's min_lr above a rate of -1 would be "followed down" to -0.1 in a note: the
+    rate's own error comes alone."""
+    assert main(["train", "--data", "shakespeare", "--out", str(tmp_path / "o"), *TINY,
+                 "--learning_rate", "-1"]) == 2
+    out, err = capsys.readouterr()
+    assert "min_lr" not in out + err and "learning_rate must be positive" in err, (out, err)

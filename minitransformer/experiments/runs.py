@@ -106,7 +106,7 @@ def decay_floor(fields: dict, given: dict, echo=print) -> dict:
     error; a preset's (or a resumed run's) above a --learning_rate given below it follows it
     down to a tenth of it (nanoGPT's ratio), said through ``echo``."""
     lr, floor = fields.get("learning_rate"), fields.get("min_lr")
-    if lr is None or floor is None or floor <= lr:
+    if lr is None or floor is None or floor <= lr or lr <= 0:  # a rate <= 0: the config's error
         return fields
     if "min_lr" in given:
         raise UserError(f"--min_lr {floor:g} is above the learning rate {lr:g}: the decay "
