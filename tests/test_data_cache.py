@@ -332,3 +332,26 @@ def test_documents_reach_the_bpe_sample_in_blocks():
     docs = [Document("abcdefg", "a"), Document("", "b"), Document("hi", "c")]
     assert list(_blocks(docs, 3)) == [(True, "abc", 3), (False, "def", 3), (False, "g", 1),
                                       (True, "", 0), (True, "hi", 2)]
+
+
+def test_a_damaged_cache_is_prepared_again_not_an_error(tmp_path, capsys):
+    """The cache is the program's, not the user's: a tokens file cut short (a full disk, a
+    copy stopped) is made again, with a note, and gives the same ids and loss."""
+    from minitransformer.data.cache import cache_root
+
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH.replace("\r\n", "\n"), encoding="utf-8")
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *DEBUG]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    first = capsys.readouterr().out
+    key = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))["data"][
+        "cache"]
+    tokens = cache_root() / "tokens" / key / "tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:-2])
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    again = capsys.readouterr()
+    assert again.out == first and "prepared" in again.err, (again, first)
+    tokens.write_bytes(tokens.read_bytes()[:-2])  # and a new run on the same text
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run2"), *DEBUG]) == 0
+    assert "damaged; preparing it again" in capsys.readouterr().out

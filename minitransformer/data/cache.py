@@ -40,7 +40,7 @@ from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, char_alphabet, default_workers
 from .reading import BLOCK_BYTES, sample_lines
-from .shards import FORMAT_VERSION, TOKENIZER, is_prepared, split_note, write_stream
+from .shards import FORMAT_VERSION, TOKENIZER, is_intact, is_prepared, split_note, write_stream
 from .sources import (
     Document,
     check_text_field,
@@ -237,10 +237,13 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
             time.sleep(0.2)
         return Cached(folder, _crlf(folder), True)
     with _locked(folder):
-        if is_prepared(folder):
+        if is_prepared(folder) and is_intact(folder):
             if say_reused:
                 echo(f"using the prepared cache {folder}")
             return Cached(folder, _crlf(folder), True)
+        if is_prepared(folder):  # a cache, not the user's: made again, not an error
+            echo(f"note: the prepared cache {folder} is damaged; preparing it again")
+            shutil.rmtree(folder)
         fitted, crlf = _fit(files, encoding, newline, kind, vocab,
                             tuple(family.get("special_tokens", ())), tokenizer, text_field)
         separator = CHAR_SEPARATOR if fitted.kind == "char" else family.get("separator", "")
@@ -275,7 +278,7 @@ def find_cached(key: str | None, tokenizer) -> Cached | None:
     if not key:
         return None
     folder = cache_root() / TOKENS_DIR / key
-    if not is_prepared(folder):
+    if not is_prepared(folder) or not is_intact(folder):
         return None
     try:
         if read_json_object(folder / TOKENIZER) != tokenizer.to_dict():

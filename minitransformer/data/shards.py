@@ -247,6 +247,15 @@ def joined(first, second):
     return torch.cat([first, second])  # tensors (a text encoded in memory)
 
 
+def is_intact(path) -> bool:
+    """Whether a DATA_DIR's manifest reads and its tokens file has the size it records."""
+    try:
+        open_shards(path)
+    except (UserError, KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
 def open_shards(data_dir) -> tuple[dict, TokenStream, TokenStream]:
     """(manifest, train ids, val ids) of a DATA_DIR, memory-mapped."""
     folder = Path(data_dir)
