@@ -298,3 +298,20 @@ def test_prepare_reads_windows_line_ends_as_train_does(tmp_path, monkeypatch, ki
     text = load_tokenizer(kept / TOKENIZER).decode(np.fromfile(kept / TOKENS,
                                                                dtype=np.uint16).tolist())
     assert text.count("\r") == 4 * 30 + 1 + 1  # every CR of the three files, kept
+
+
+def test_prepared_ids_past_the_vocabulary_are_a_user_error(tmp_path, tiny_corpus, capsys):
+    """A tokens.bin of the right size holding ids the tokenizer never gives (damaged, or
+    another folder's): one line naming it, not the embedding's IndexError."""
+    data = tmp_path / "d"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data)]) == 0
+    manifest = json.loads((data / MANIFEST).read_text(encoding="utf-8"))
+    ids = np.memmap(data / TOKENS, dtype=manifest["dtype"], mode="r+")
+    ids[::50] = np.iinfo(ids.dtype).max
+    ids.flush()
+    del ids
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--max_iters", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "past the model's" in err and "prepare it again" in err, err

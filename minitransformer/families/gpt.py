@@ -59,7 +59,8 @@ class GPTFamily(StreamFamily):
                      cfg.n_layer)
 
     def make_task(self, prepared: Prepared, config) -> LanguageModelTask:
-        return LanguageModelTask(prepared.train_ids, prepared.val_ids, config.block_size)
+        return LanguageModelTask(prepared.train_ids, prepared.val_ids, config.block_size,
+                                 config.vocab_size)
 
     def describe(self, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         c = built.config

@@ -29,8 +29,8 @@ class MaskedLMTask(WindowTask):
 
     def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int,
                  mask_id: int, vocab_size: int, mask_prob: float = 0.15):
-        super().__init__(train_ids, val_ids, block_size)
-        self.mask_id, self.vocab_size = mask_id, vocab_size
+        super().__init__(train_ids, val_ids, block_size, vocab_size)
+        self.mask_id = mask_id
         self.mask_prob = mask_prob
         counts = token_counts(train_ids, vocab_size)  # (V,)
         self.most_frequent = int(counts.argmax())

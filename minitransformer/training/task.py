@@ -141,12 +141,19 @@ class WindowTask(RowSplit):
     (B, T)), targets IGNORE where nothing is predicted. Subclasses define ``batch`` and
     ``sample``."""
 
-    def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int):
+    def __init__(self, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int,
+                 vocab_size: int | None = None):
         self.data = {"train": train_ids, "val": val_ids}
-        self.block_size = block_size
+        self.block_size, self.vocab_size = block_size, vocab_size
 
     def windows(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
-        return get_batch(self.data[split], batch_size, self.block_size, generator)
+        x, y = get_batch(self.data[split], batch_size, self.block_size, generator)
+        if self.vocab_size and (top := max(int(x.max()), int(y.max()))) >= self.vocab_size:
+            # prepared ids gone wrong: an embedding's IndexError otherwise
+            raise UserError(f"the {split} data holds token id {top}, past the model's "
+                            f"{self.vocab_size} ids: it is damaged or from another tokenizer; "
+                            f"prepare it again")
+        return x, y
 
     def loss_terms(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
