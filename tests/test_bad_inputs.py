@@ -443,3 +443,16 @@ def test_a_negative_learning_rate_is_only_refused_not_first_followed(tmp_path, c
                  "--learning_rate", "-1"]) == 2
     out, err = capsys.readouterr()
     assert "min_lr" not in out + err and "learning_rate must be positive" in err, (out, err)
+
+
+def test_a_folder_with_files_a_run_writes_is_not_written_over_unasked(tmp_path, capsys):
+    """--out a folder of the user's own that holds a log.csv (or a model.safetensors ...):
+    refused, the file kept; --force writes the run there."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "log.csv").write_text("my numbers\n", encoding="utf-8")
+    check_user_error(capsys, ["train", "--data", "shakespeare", "--out", folder, *TINY],
+                     "holds log.csv, which the run would write over")
+    assert (folder / "log.csv").read_text(encoding="utf-8") == "my numbers\n"
+    assert main(["train", "--data", "shakespeare", "--out", str(folder), *TINY,
+                 "--force"]) == 0

@@ -327,6 +327,9 @@ def train_run(req: TrainRequest, echo=print) -> int:
                         f"the model it starts from (--force does not change this); give the "
                         f"run a folder of its own")
     check_out_dir(out, req.resume, req.force)  # refuse before reading or printing anything
+    if not (req.resume or req.force or ckpt.holds_run(out)) and (there := ckpt.outputs_in(out)):
+        raise UserError(f"--out {out} holds {', '.join(there)}, which the run would write "
+                        f"over; give the run another folder, or pass --force to replace them")
     notes, saved = [], None
     if req.resume:
         family, prepared, built, train_cfg, saved = resumed_run(req)

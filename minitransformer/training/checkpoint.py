@@ -146,6 +146,13 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
     return final
 
 
+def outputs_in(folder) -> list[str]:
+    """The files a new run writes (besides config.json and checkpoints/) already in
+    ``folder``: a user's own, which ``train --out`` must not write over unasked."""
+    return [n for n in (MODEL_FILE, TOKENIZER_FILE, "log.csv", "loss.png")
+            if (Path(folder) / n).exists()]
+
+
 def holds_run(folder) -> bool:
     """Whether ``folder`` holds a training run, or a model ``train --out`` would write over:
     a config.json (a run's or another one) or a checkpoints/ folder."""
