@@ -198,6 +198,12 @@ def test_a_lopsided_split_is_noted(tmp_path, capsys, monkeypatch):
                  "debug", "--max_iters", "1", "--quiet", "--time_budget", "none",
                  "--sample_tokens", "0"]) == 0
     assert "note: the val split holds 98.0%" in capsys.readouterr().out
+    # a second run on the cached text is told too (its split is the same)
+    assert main(["train", "--data", str(folder), "--out", str(tmp_path / "run2"), "--preset",
+                 "debug", "--max_iters", "1", "--time_budget", "none",
+                 "--sample_tokens", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "using the prepared cache" in out and "note: the val split holds 98.0%" in out, out
     even = tmp_path / "even"
     even.mkdir()
     for i in range(20):

@@ -40,7 +40,15 @@ from ..tokenizers import CharTokenizer
 from ..tokenizers.fitting import GPT_SPECIALS, fit_bpe_lines
 from .prepare import CHAR_SEPARATOR, DEFAULT_BPE_SAMPLE, char_alphabet, default_workers
 from .reading import BLOCK_BYTES, sample_lines
-from .shards import FORMAT_VERSION, TOKENIZER, is_intact, is_prepared, split_note, write_stream
+from .shards import (
+    FORMAT_VERSION,
+    MANIFEST,
+    TOKENIZER,
+    is_intact,
+    is_prepared,
+    split_note,
+    write_stream,
+)
 from .sources import (
     Document,
     check_text_field,
@@ -240,6 +248,8 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
         if is_prepared(folder) and is_intact(folder):
             if say_reused:
                 echo(f"using the prepared cache {folder}")
+                if note := split_note(read_json_object(folder / MANIFEST)):
+                    echo(note)  # as when it was prepared: the split is this run's too
             return Cached(folder, _crlf(folder), True)
         if is_prepared(folder):  # a cache, not the user's: made again, not an error
             echo(f"note: the prepared cache {folder} is damaged; preparing it again")
