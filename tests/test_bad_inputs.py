@@ -417,15 +417,15 @@ def test_several_sources_are_given_to_evaluate_and_prepare_as_to_train(tmp_path,
         (tmp_path / "p2" / "tokens.bin").read_bytes()
 
 
-def test_a_run_inside_its_data_folder_is_refused(tmp_path, capsys):
-    """--data books --out books (or books/run): the run's files would join the text the
-    next time the folder is read; refused before anything is written."""
+def test_a_run_in_its_data_folder_itself_is_refused(tmp_path, capsys):
+    """--data books --out books: the run's files would join the text the next time the
+    folder is read (a run in a folder inside it is skipped); refused, nothing written."""
     books = tmp_path / "books"
     books.mkdir()
     (books / "ch1.txt").write_text("hello world, the quick brown fox. " * 60, encoding="utf-8")
-    for out in (books, books / "run"):
+    for out in (books, books / ".." / "books"):
         check_user_error(capsys, ["train", "--data", books, "--out", out, *TINY],
-                         f"--out {out} is inside the --data folder")
+                         f"--out {out} is the --data folder")
     assert sorted(p.name for p in books.iterdir()) == ["ch1.txt"]
 
 

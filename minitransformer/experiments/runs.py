@@ -319,9 +319,10 @@ def train_run(req: TrainRequest, echo=print) -> int:
     if req.resume and req.init_from is not None:
         raise UserError("--resume continues the run's own weights; drop --init_from")
     for source in [req.data] if isinstance(req.data, str) else req.data or []:
-        if Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
-            raise UserError(f"--out {out} is inside the --data folder {source}: the run's files "
-                            f"would be read as its text next time; write the run elsewhere")
+        if Path(source).is_dir() and out.resolve() == Path(source).resolve():  # a run inside
+            # it is skipped when the folder is read; the folder itself would be read whole
+            raise UserError(f"--out {out} is the --data folder: the run's files would be read "
+                            f"as its text next time; write the run in a folder of its own")
     if req.init_from is not None and Path(req.init_from).resolve() == out.resolve():
         raise UserError(f"--out {out} is the --init_from folder: the new run would write over "
                         f"the model it starts from (--force does not change this); give the "
