@@ -417,7 +417,7 @@ def test_several_sources_are_given_to_evaluate_and_prepare_as_to_train(tmp_path,
         (tmp_path / "p2" / "tokens.bin").read_bytes()
 
 
-def test_a_run_in_its_data_folder_itself_is_refused(tmp_path, capsys):
+def test_a_run_in_its_data_folder_itself_is_refused(tmp_path, capsys, monkeypatch):
     """--data books --out books: the run's files would join the text the next time the
     folder is read (a run in a folder inside it is skipped); refused, nothing written."""
     books = tmp_path / "books"
@@ -427,6 +427,11 @@ def test_a_run_in_its_data_folder_itself_is_refused(tmp_path, capsys):
         check_user_error(capsys, ["train", "--data", books, "--out", out, *TINY],
                          f"--out {out} is the --data folder")
     assert sorted(p.name for p in books.iterdir()) == ["ch1.txt"]
+    # a bundled corpus's name is not a folder, even where one of that name is the run
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--force"]):
+        assert main(["train", "--data", "shakespeare", "--out", "shakespeare", *TINY,
+                     *extra]) == 0
 
 
 def test_resume_with_init_from_says_drop_it(run_dir, capsys):
@@ -456,3 +461,9 @@ def test_a_folder_with_files_a_run_writes_is_not_written_over_unasked(tmp_path, 
     assert (folder / "log.csv").read_text(encoding="utf-8") == "my numbers\n"
     assert main(["train", "--data", "shakespeare", "--out", str(folder), *TINY,
                  "--force"]) == 0
+    # a run's own log.csv, left by a run stopped before its first checkpoint: started over
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "log.csv").write_text((folder / "log.csv").read_text(encoding="utf-8")
+                                     .splitlines()[0] + "\n", encoding="utf-8")
+    assert main(["train", "--data", "shakespeare", "--out", str(stopped), *TINY]) == 0

@@ -345,6 +345,10 @@ def test_a_damaged_cache_is_prepared_again_not_an_error(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "run")]) == 0
     first = capsys.readouterr().out
+    # the run's own text, named: its cache, not a second one
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(text)]) == 0
+    named = capsys.readouterr()
+    assert named.out == first and "prepared" not in named.err, named.err
     key = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))["data"][
         "cache"]
     tokens = cache_root() / "tokens" / key / "tokens.bin"

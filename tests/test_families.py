@@ -254,3 +254,18 @@ def test_a_token_cap_below_the_longest_pair_says_those_pairs_come_alone(tmp_path
                  "--sample_tokens", "0"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"<= 5 tokens \(a pair longer, up to \d+, alone\)", out), out
+
+
+def test_several_sources_to_evaluate_are_refused_where_they_cannot_be_read(runs, tmp_path,
+                                                                         capsys):
+    """Sentence pairs come from one --data; a prepared folder is read alone: one line each,
+    not an internal error or a prepared folder's files read as text."""
+    out, data = runs
+    assert main(["evaluate", str(out["seq2seq"]), "--data", data["seq2seq"],
+                 data["seq2seq"]]) == 2
+    _user_error(capsys, "one --data")
+    assert main(["prepare", "--data", data["gpt"], "--out", str(tmp_path / "d")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out["gpt"]), "--data", str(tmp_path / "d"),
+                 data["gpt"]]) == 2
+    _user_error(capsys, "is a prepared folder: it is read alone")

@@ -95,9 +95,8 @@ def _run(argv: list[str] | None) -> int:
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             return internal_error(e, args)
-        if not rank:
-            print(f"{prog}: error: out of memory{asked(e)}: the model, batch or sequence "
-                  f"length is too large for this machine; try smaller sizes", file=sys.stderr)
+        print(f"{prog}: error: out of memory{asked(e)}: the model, batch or sequence length "
+              f"is too large for this machine; try smaller sizes", file=sys.stderr)  # any rank
         return 2
     except KeyboardInterrupt:
         print("minitransformer: interrupted", file=sys.stderr)

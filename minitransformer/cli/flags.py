@@ -360,12 +360,19 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _suggestions(self, message: str) -> str:
+        given = message.split(":", 1)[1].split()
+        if "--debug" in given:  # the program's flag, given after the command
+            given.remove("--debug")
+            return " (--debug goes before the command: minitransformer --debug COMMAND ...)" \
+                + self._hints(given)
+        return self._hints(given)
+
+    def _hints(self, given: list[str]) -> str:
+        """' (did you mean: --n_layr -> --n_layer?)' for the words of an unrecognized-arguments
+        message; '' when none is close."""
         known = [s for a in self._actions for s in a.option_strings] + list(ALIASES)
         for sub in self._subcommands().values():  # flags of the subcommands too
             known += [s for b in sub._actions for s in b.option_strings]
-        given = message.split(":", 1)[1].split()
-        if "--debug" in given:  # the program's flag, given after the command
-            return " (--debug goes before the command: minitransformer --debug COMMAND ...)"
         # NAME=VALUE after a flag of another tool's (--set n_embd=256): the field's own flag
         pairs = [w.partition("=") for w in given if "=" in w and not w.startswith("-")]
         settings = [f"--{name} {value}" for name, _, value in pairs if f"--{name}" in known]

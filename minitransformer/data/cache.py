@@ -241,7 +241,7 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
         read["json_lines"] = 1  # .json / .ndjson, read as text before they were records
     folder = cache_dir(prints, {**asked, **read}, family, FORMAT_VERSION)
     if _waiting_rank():
-        while not is_prepared(folder):
+        while not (is_prepared(folder) and is_intact(folder)):  # rank 0 may be remaking it
             time.sleep(0.2)
         return Cached(folder, _crlf(folder), True)
     with _locked(folder):

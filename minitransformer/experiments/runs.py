@@ -24,7 +24,7 @@ import torch
 
 from ..config import TrainConfig, config_from_dict, field_names
 from ..data.shards import is_prepared
-from ..data.text import check_encoding_applies, same_encoding
+from ..data.text import BUNDLED, check_encoding_applies, same_encoding
 from ..errors import ConfigError, UserError
 from ..families import FAMILIES, Family, choose_family, family_of, load_checkpoint
 from ..families.base import as_named_now, train_config
@@ -204,8 +204,8 @@ def pretrained_run(req: TrainRequest, echo=print):
     check_encoding_applies(data, req.encoding)
     meta = source.meta if source.kind == "run" else {}
     try:
-        prepared = family.reopen(as_named_now(meta) if req.data else meta, source.tokenizer,
-                                 data, req.encoding or "utf-8",
+        prepared = family.reopen(as_named_now(meta, data) if req.data else meta,
+                                 source.tokenizer, data, req.encoding or "utf-8",
                                  req.data_tgt, req.newline, text_field=req.text_field)
     except UnknownCharactersError as e:
         raise UserError(f"{data}: {e}. A character model ({source.path}) can only be "
@@ -266,7 +266,7 @@ def resumed_run(req: TrainRequest):
     train_cfg = train_config(meta, train_f if fixed is merged else
                              {**train_f, "min_lr": fixed["min_lr"]})
     _check_launch(family, train_cfg, "lora_rank" in req.lora or meta.get("lora") is not None)
-    prepared = family.reopen(as_named_now(meta) if req.data else meta, tokenizer, source,
+    prepared = family.reopen(as_named_now(meta, source) if req.data else meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)
     try:
@@ -319,7 +319,8 @@ def train_run(req: TrainRequest, echo=print) -> int:
     if req.resume and req.init_from is not None:
         raise UserError("--resume continues the run's own weights; drop --init_from")
     for source in [req.data] if isinstance(req.data, str) else req.data or []:
-        if Path(source).is_dir() and out.resolve() == Path(source).resolve():  # a run inside
+        if source not in BUNDLED and not is_prepared(source) and Path(source).is_dir() and \
+                out.resolve() == Path(source).resolve():  # a run inside
             # it is skipped when the folder is read; the folder itself would be read whole
             raise UserError(f"--out {out} is the --data folder: the run's files would be read "
                             f"as its text next time; write the run in a folder of its own")

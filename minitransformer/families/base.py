@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig, config_from_dict, field_names
+from ..data.cache import check_sources, recorded_source
 from ..data.text import check_encoding_applies
 from ..errors import ConfigError, UserError
 from ..io import RUN_FORMAT, load_tensors
@@ -279,11 +280,19 @@ def data_source(meta: dict, options: dict) -> tuple[str | list[str], str]:
     return source, options.get("encoding") or data.get("encoding", "utf-8")
 
 
-def as_named_now(meta: dict) -> dict:
-    """``meta`` for reading text the user named with --data: its data without the recorded
-    fingerprints and cache, so that a file of the run's own name is read as it is now, even
-    where it changed since (the recorded state is for finding the run's own text unnamed)."""
-    data = {k: v for k, v in meta.get("data", {}).items() if k not in ("sources", "cache")}
+def as_named_now(meta: dict, source: str | list[str]) -> dict:
+    """``meta`` for reading ``source``, which the user named with --data: where it is the
+    run's own by name but changed since, without the recorded fingerprints and cache, so that
+    it is read as it is now (unnamed, a changed source is an error: the run's text is gone);
+    else as it is (the run's own, unchanged, keeps its cache)."""
+    data = meta.get("data", {})
+    sources = [source] if isinstance(source, str) else list(source)
+    if recorded_source(sources) != data.get("source"):
+        return meta
+    try:
+        check_sources(data, sources)
+    except UserError:
+        data = {k: v for k, v in data.items() if k not in ("sources", "cache")}
     return {**meta, "data": data}
 
 

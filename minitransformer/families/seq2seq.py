@@ -15,13 +15,7 @@ import time
 from tqdm.auto import tqdm
 
 from ..config import Seq2SeqConfig, config_from_dict
-from ..data import (
-    ParallelDataConfig,
-    encode_pairs,
-    load_parallel,
-    source_ids,
-    split_indices,
-)
+from ..data import ParallelDataConfig, encode_pairs, load_parallel, source_ids, split_indices
 from ..data.cache import recorded_source
 from ..data.text import BUNDLED
 from ..models import Seq2SeqTransformer
@@ -47,7 +41,9 @@ from .base import (
 DECODING = frozenset({"beam", "length_penalty", "max_len"})
 
 
-def refuse_text_field(text_field: str | None) -> None:
+def refuse_text_field(text_field: str | None, source: str | list[str] | None = None) -> None:
+    if isinstance(source, list):  # evaluate --data A B
+        raise NotApplicable("sentence pairs come from one --data (a TSV, or with --data_tgt)")
     if text_field is not None:
         raise NotApplicable(f"--text_field {text_field}: sentence pairs are read by column "
                             f"(--src and --tgt name them), not from one text field")
@@ -117,7 +113,7 @@ class Seq2SeqFamily(Family):
         to read instead of the columns the run was trained on (evaluate --src / --tgt);
         ``whole``: every pair in every split (a test set), not split 94/3/3; None: so when
         the pairs are not the run's own (``own_pairs``)."""
-        refuse_text_field(text_field)
+        refuse_text_field(text_field, source)
         data = meta.get("data", {})
         data_cfg = self._data_config({**data.get("config", {}), **(columns or {})})
         if source_tgt is None and data.get("source") is not None and \

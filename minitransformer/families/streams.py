@@ -54,6 +54,14 @@ def refuse_field_of_prepared(folder: str, text_field: str | None) -> None:
                             f"read when it was (prepare --text_field); drop the flag")
 
 
+def refuse_mixed(sources: list[str]) -> None:
+    """A prepared folder among several sources: it is read alone, not as text."""
+    if len(sources) > 1 and (folders := [s for s in sources if is_prepared(s)]):
+        raise NotApplicable(f"--data {folders[0]} is a prepared folder: it is read alone; "
+                            f"prepare the sources together instead (minitransformer "
+                            f"prepare --data A --data B --out DATA_DIR)")
+
+
 class StreamFamily(Family):
     """A family whose data is one token stream (see the module docstring)."""
 
@@ -86,11 +94,7 @@ class StreamFamily(Family):
         if len(sources) == 1 and is_prepared(sources[0]):
             refuse_field_of_prepared(sources[0], text_field)
             return self._open_prepared(sources[0], kind)
-        folders = [s for s in sources if is_prepared(s)]
-        if folders:
-            raise NotApplicable(f"--data {folders[0]} is a prepared folder: it is read alone; "
-                                f"prepare the sources together instead (minitransformer "
-                                f"prepare --data A --data B --out DATA_DIR)")
+        refuse_mixed(sources)
         kind = kind or "char"
         vocab = fields.get("vocab_size") if kind != "char" else None
         mode = newline or "normalize"
@@ -108,6 +112,7 @@ class StreamFamily(Family):
                 data.get("prepared") and source == data.get("source"))):
             refuse_field_of_prepared(sources[0], text_field)
             return self._reopen_prepared(sources[0], tokenizer, data)
+        refuse_mixed(sources)
         mode = newline or data.get("newline", "normalize")
         own = recorded_source(sources) == data.get("source")  # the run's text, however named
         recorded_field = data.get("text_field", "text")
@@ -212,8 +217,9 @@ class StreamFamily(Family):
         all of it (whole = True): a test file is there to be scored, not split; a prepared
         folder keeps the split it was prepared with."""
         source, encoding = data_source(meta, options)
-        prepared = self.reopen(as_named_now(meta) if options.get("data") else meta, tokenizer,
-                               source, encoding, text_field=options.get("text_field"))
+        named = as_named_now(meta, source) if options.get("data") else meta
+        prepared = self.reopen(named, tokenizer, source, encoding,
+                               text_field=options.get("text_field"))
         whole = not prepared.data_meta.get("prepared") and \
             not same_corpus(meta.get("data", {}), prepared.data_meta)
         if whole:

@@ -37,6 +37,7 @@ from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
     usual_mode,
 )
 from ..tokenizers import tokenizer_from_dict
+from .state import LOG_FIELDS
 
 MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE = "model.safetensors", "config.json", "tokenizer.json"
 STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
@@ -148,9 +149,18 @@ def save_checkpoint(out_dir: Path, step: int, model, meta: dict, tokenizer, opti
 
 def outputs_in(folder) -> list[str]:
     """The files a new run writes (besides config.json and checkpoints/) already in
-    ``folder``: a user's own, which ``train --out`` must not write over unasked."""
-    return [n for n in (MODEL_FILE, TOKENIZER_FILE, "log.csv", "loss.png")
-            if (Path(folder) / n).exists()]
+    ``folder``: a user's own, which ``train --out`` must not write over unasked. A log.csv
+    with a run's header (and its loss.png) is a run's that stopped before its first
+    checkpoint: the same command may start again over it."""
+    folder = Path(folder)
+    names = [MODEL_FILE, TOKENIZER_FILE]
+    try:
+        with open(folder / "log.csv", encoding="utf-8") as f:
+            ours = f.readline().startswith(",".join(LOG_FIELDS))
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    return [n for n in names + ([] if ours else ["log.csv", "loss.png"])
+            if (folder / n).exists()]
 
 
 def holds_run(folder) -> bool:

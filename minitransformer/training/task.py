@@ -148,7 +148,7 @@ class WindowTask(RowSplit):
 
     def windows(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
         x, y = get_batch(self.data[split], batch_size, self.block_size, generator)
-        if self.vocab_size and (top := max(int(x.max()), int(y.max()))) >= self.vocab_size:
+        if self.vocab_size and (top := max(int(x.max()), int(y[:, -1].max()))) >= self.vocab_size:
             # prepared ids gone wrong: an embedding's IndexError otherwise
             raise UserError(f"the {split} data holds token id {top}, past the model's "
                             f"{self.vocab_size} ids: it is damaged or from another tokenizer; "
