@@ -241,11 +241,11 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
         read["json_lines"] = 1  # .json / .ndjson, read as text before they were records
     folder = cache_dir(prints, {**asked, **read}, family, FORMAT_VERSION)
     if _waiting_rank():
-        while not (is_prepared(folder) and is_intact(folder)):  # rank 0 may be remaking it
+        while not is_intact(folder):  # rank 0 may be making it, or remaking a damaged one
             time.sleep(0.2)
         return Cached(folder, _crlf(folder), True)
     with _locked(folder):
-        if is_prepared(folder) and is_intact(folder):
+        if is_intact(folder):
             if say_reused:
                 echo(f"using the prepared cache {folder}")
                 if note := split_note(read_json_object(folder / MANIFEST)):
@@ -288,7 +288,7 @@ def find_cached(key: str | None, tokenizer) -> Cached | None:
     if not key:
         return None
     folder = cache_root() / TOKENS_DIR / key
-    if not is_prepared(folder) or not is_intact(folder):
+    if not is_intact(folder):
         return None
     try:
         if read_json_object(folder / TOKENIZER) != tokenizer.to_dict():

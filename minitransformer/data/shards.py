@@ -248,7 +248,10 @@ def joined(first, second):
 
 
 def is_intact(path) -> bool:
-    """Whether a DATA_DIR's manifest reads and its tokens file has the size it records."""
+    """Whether ``path`` is a DATA_DIR (``is_prepared``) whose manifest reads and whose tokens
+    file has the size it records."""
+    if not is_prepared(path):
+        return False
     try:
         open_shards(path)
     except (UserError, KeyError, TypeError, ValueError):

@@ -319,9 +319,10 @@ def train_run(req: TrainRequest, echo=print) -> int:
     if req.resume and req.init_from is not None:
         raise UserError("--resume continues the run's own weights; drop --init_from")
     for source in [req.data] if isinstance(req.data, str) else req.data or []:
+        # a run in a folder inside the data folder is skipped when it is read; one in the
+        # data folder itself would be read as its text (a bundled name is no folder)
         if source not in BUNDLED and not is_prepared(source) and Path(source).is_dir() and \
-                out.resolve() == Path(source).resolve():  # a run inside
-            # it is skipped when the folder is read; the folder itself would be read whole
+                out.resolve() == Path(source).resolve():
             raise UserError(f"--out {out} is the --data folder: the run's files would be read "
                             f"as its text next time; write the run in a folder of its own")
     if req.init_from is not None and Path(req.init_from).resolve() == out.resolve():
