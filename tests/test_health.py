@@ -69,6 +69,17 @@ def test_early_stop_requests_a_stop():
     assert guard.stop_requested
 
 
+def test_best_is_said_against_step_0_which_is_never_saved():
+    # fine-tuning: the starting weights (step 0) score 2.0, the first saved model is worse
+    guard = HealthGuard()
+    _feed(guard, [(2.0, None), (2.5, 3.0)])
+    assert guard.best_label(2.5) == " (best since step 0, saved; step 0 had 2.0000)"
+    guard.on_eval(200, 1.5)
+    assert guard.best_label(1.5) == " (best so far, saved)"
+    fresh = HealthGuard()  # a resumed run never saw step 0
+    assert fresh.best_label(3.0) == " (best so far, saved)"
+
+
 @pytest.mark.parametrize("evals", [
     [(4.0, None), (3.0, 3.5), (2.8, 3.0), (2.7, 2.8), (2.6, 2.7)],  # healthy: both fall
     [(4.0, None), (3.0, 3.5), (3.1, 3.6), (3.2, 3.7), (3.3, 3.8)],  # both rise: not overfitting

@@ -48,6 +48,7 @@ class HealthGuard:
         self.streak = 0  # evaluations in a row with val up and train down
         self.warnings: list[str] = []
         self.best_val = math.inf
+        self.start_val = math.inf  # step 0's val loss (never saved as the best model)
         self._window: list[float] = []  # train losses logged since the last evaluation
         self._prev: tuple[float, float | None] | None = None  # (val, mean train) last time
 
@@ -65,6 +66,8 @@ class HealthGuard:
         self._prev = (val_loss, train)
         if step > 0:
             self.best_val = min(self.best_val, val_loss)
+        else:
+            self.start_val = val_loss
         if self.streak < self.patience:
             return []
         if self.streak > self.patience and not self.early_stop:  # said in full already
@@ -80,6 +83,13 @@ class HealthGuard:
             message += "; --early_stop would stop here"
         self.warnings.append(f"step {step}: {message}")
         return [message]
+
+    def best_label(self, val_loss: float) -> str:
+        """What the eval line adds for a new best model, which is said against step 0's loss
+        too: fine-tuning can make the starting weights worse before it makes them better."""
+        if val_loss < self.start_val:
+            return " (best so far, saved)"
+        return f" (best since step 0, saved; step 0 had {self.start_val:.4f})"
 
     @torch.no_grad()
     def entropy_columns(self, model, task, device) -> dict[str, float]:

@@ -373,7 +373,7 @@ class TrainingRun:
             if cfg.sample_tokens and (main or self.sharded) else ""
         if main:
             self.bar.write(f"step {step}: val loss {val:.4f}"
-                           + (" (best so far, saved)" if is_best else ""))
+                           + (self.health.best_label(val) if is_best else ""))
             for note in notes:
                 self.bar.write(note)
             if cfg.sample_tokens:
