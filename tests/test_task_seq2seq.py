@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from minitransformer.config import Seq2SeqConfig, TrainConfig
-from minitransformer.data import encode_pairs, load_parallel, split_indices
+from minitransformer.data import encode_pairs, load_parallel, source_ids, split_indices
 from minitransformer.errors import UserError
 from minitransformer.models import Seq2SeqTransformer
+from minitransformer.models.decoding import greedy_decode, pad_batch
 from minitransformer.tokenizers import BPETokenizer, tokenizer_from_dict
 from minitransformer.training import checkpoint as ckpt
 from minitransformer.training.evaluation import estimate_loss
@@ -237,6 +238,26 @@ def test_the_training_sample_stays_inside_a_learned_position_table(bible):
                        sample_sources=["In the beginning."])
     text = task.sample(model.eval(), tok, 40, torch.device("cpu"))
     assert text.startswith("In the beginning.\n  -> ")
+
+
+
+def test_the_training_sample_is_what_translate_prints(bible):
+    """A young model that never writes </s> stops where `translate` would (1.5 x the source
+    + 10 tokens), not after sample_tokens: at every evaluation that was 200 steps a sentence."""
+    tok, encoded = bible
+    torch.manual_seed(0)
+    model = make_model(tok).eval()
+    sources = ["In the beginning God created the heaven and the earth.", "And God saw."]
+    task = Seq2SeqTask(encoded, tok.pad_id, tok.bos_id, tok.eos_id, BATCH_TOKENS,
+                       sample_sources=sources)
+    src = pad_batch(source_ids(tok, sources, tok.eos_id), tok.pad_id)
+    expected = greedy_decode(model, src).tokens
+    assert max(map(len, expected)) < 200
+    text = task.sample(model, tok, 200, torch.device("cpu"))
+    assert text == "\n".join(f"{s}\n  -> {tok.decode(o)}"
+                             for s, o in zip(sources, expected, strict=True))
+    short = task.sample(model, tok, 3, torch.device("cpu"))  # sample_tokens below: it holds
+    assert short.splitlines()[1] == f"  -> {tok.decode(expected[0][:3])}"
 
 
 if __name__ == "__main__":

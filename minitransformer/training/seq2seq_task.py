@@ -27,7 +27,7 @@ import torch
 
 from ..data import bucket_batches, collate, source_ids
 from ..errors import UserError
-from ..models.decoding import greedy_decode, longest_output, pad_batch
+from ..models.decoding import default_max_len, greedy_decode, pad_batch
 from .task import HEALTH_ROWS, Batch, split_rows
 
 
@@ -129,8 +129,10 @@ class Seq2SeqTask:
         if not self.sample_sources:
             return ""
         src = pad_batch(source_ids(tokenizer, self.sample_sources, self.eos_id), self.pad_id)
-        limit = longest_output(model)  # learned positions: the table's length at most
-        n_tokens = n_tokens if limit is None else min(n_tokens, limit)
-        out = greedy_decode(model, src.to(device), max_len=max(1, n_tokens)).tokens
+        # what `translate` prints (at most 1.5 x the source + 10 tokens, inside a learned
+        # position table), or fewer where sample_tokens says so: a young model that never
+        # ends a sentence would otherwise write sample_tokens at every evaluation
+        limit = None if n_tokens >= int(default_max_len(model, src).max()) else max(1, n_tokens)
+        out = greedy_decode(model, src.to(device), max_len=limit).tokens
         return "\n".join(f"{s}\n  -> {tokenizer.decode(o)}"
                          for s, o in zip(self.sample_sources, out, strict=True))
