@@ -407,6 +407,34 @@ def test_api_key_queue_limit_and_disconnect(run):
                    .choices[0].text) == 2
 
 
+def test_a_stream_writes_once_a_step_for_all_its_choices():
+    """All choices' chunks of one step go out in one write: after a client hangs up, the next
+    write fails and ends the stream. One write per choice kept writing to the lost socket
+    (asyncio logged "socket.send() raised exception." for each) until the step was done."""
+    from minitransformer.serve import app as app_mod
+    from minitransformer.serve.completions import Plan
+
+    def piece(i: int, text: str) -> dict:
+        return {"index": i, "text": text, "finish_reason": None, "logprobs": None}
+
+    class Steps:  # a worker whose job made two steps of three choices
+        async def events(self, job):
+            yield "pieces", [piece(0, "a"), piece(1, ""), piece(2, "c")]
+            yield "pieces", [piece(0, "d"), piece(1, "e"), piece(2, "f")]
+            yield "result", {}
+
+    plan = Plan(["p"], [[1]], 2, 1.0, 0, 1.0, 3, [], None, None)
+
+    async def writes():
+        return [w async for w in app_mod._sse(Steps(), None, "tiny", plan)]
+
+    out = asyncio.run(writes())
+    assert len(out) == 3 and out[2] == "data: [DONE]\n\n"
+    texts = [[c["choices"][0]["text"] for c in map(json.loads, w.split("data: ")[1:])]
+             for w in out[:2]]
+    assert texts == [["a", "c"], ["d", "e", "f"]]  # an empty piece is no chunk
+
+
 def test_inspect_sees_a_position_through_the_window_that_ends_there(url, run):
     """Early in an 80-token text taken as a prompt (block_size 32, shift 8): position 40 was
     never predicted from, so it is seen as if the text had grown from its first token: the

@@ -185,9 +185,12 @@ async def _sse(worker: Worker, job, model_id: str, plan: cmpl.Plan):
                 yield event(None, value)
             if kind != "pieces":
                 continue
-            for piece in value:
-                if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
-                    yield event(piece)
+            # one write a step for all choices: a client gone is then seen at the next step,
+            # not after one failed write per choice (each logged by asyncio)
+            chunks = "".join(event(piece) for piece in value
+                             if piece["text"] or piece["finish_reason"] or piece["logprobs"])
+            if chunks:
+                yield chunks
     except APIError as e:  # after the headers have gone, an error is one more event
         yield f"data: {json.dumps(error_body(e.status, e.message, e.param, e.code))}\n\n"
     yield "data: [DONE]\n\n"
