@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import math
+
 import pytest
 
 from minitransformer import cli
@@ -163,6 +166,24 @@ def test_time_budget_none_without_a_preset_lets_max_iters_decide(tiny_corpus, tm
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "done: 3 steps" in out.out
+
+
+def test_max_iters_under_a_time_budget_ends_the_schedule_too(tiny_corpus, tmp_path, capsys):
+    """A run stops at --max_iters or the time budget, whichever comes first; the learning
+    rate decays to min_lr by the first too (it used to follow the hour's clock and end at
+    its peak after 6 steps)."""
+    run = tmp_path / "run"
+    code = cli.main(["train", "--data", str(tiny_corpus), "--out", str(run), "--preset", "debug",
+                     "--time_budget", "1h", "--max_iters", "6", "--eval_interval", "6",
+                     "--warmup_iters", "0", "--lr", "0.01", "--min_lr", "0.001",
+                     "--log_interval", "1", "--eval_iters", "1", "--sample_tokens", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "training for 3600s or 6 steps, whichever comes first" in out.out
+    with open(run / "log.csv", newline="") as f:
+        lrs = [float(r["lr"]) for r in csv.DictReader(f) if r["lr"]]
+    assert len(lrs) == 6 and lrs[0] == pytest.approx(0.01)
+    assert lrs[-1] == pytest.approx(0.001 + 0.0045 * (1 + math.cos(math.pi * 5 / 6)), rel=1e-3)
 
 
 def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():

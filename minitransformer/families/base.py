@@ -261,8 +261,9 @@ def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: 
     """What ``train`` prints first: the corpus, the model, the budget."""
     from ..training.device import pick_device
 
-    budget = f"{train_cfg.time_budget:.0f}s" if train_cfg.time_budget else \
-        f"{train_cfg.max_iters} steps"
+    budget = f"{train_cfg.max_iters:,} steps"
+    if train_cfg.time_budget:  # the schedule runs to whichever limit comes first
+        budget = f"{train_cfg.time_budget:.0f}s or {budget}, whichever comes first"
     lr = "noam" if train_cfg.lr_schedule == "noam" else f"{train_cfg.learning_rate:g}"
     return [corpus,
             f"{model}: {built.model.num_params():,} parameters ({shape}); device "

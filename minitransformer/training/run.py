@@ -225,8 +225,8 @@ class TrainingRun:
     # ---- one optimizer step ------------------------------------------------------------
 
     def get_lr(self) -> float:
-        budget = self.cfg.time_budget
-        progress = self.train_time / budget if budget else self.step / self.cfg.max_iters
+        budget = self.cfg.time_budget  # the run ends at whichever limit it reaches first
+        progress = max(self.step / self.cfg.max_iters, self.train_time / budget if budget else 0)
         return learning_rate(self.cfg, self.step, progress, self.model)
 
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor, bool]:

@@ -1,8 +1,8 @@
 """Learning-rate schedules.
 
 - ``cosine_lr``: linear warmup, then cosine decay to min_lr (GPT-2 / nanoGPT). The decay runs
-  over a fraction of training ``progress`` in [0, 1], which is step / max_iters, or elapsed
-  time / time budget when training for a fixed time.
+  over a fraction of training ``progress`` in [0, 1], which is step / max_iters, or under a
+  time budget the larger of that and elapsed time / time budget (the run ends at either).
 - ``noam_lr``: the paper's schedule (section 5.3),
   lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 """
