@@ -317,16 +317,19 @@ def test_a_hugging_face_tokenizer_reads_jsonl_records_not_their_json(gpt2, tmp_p
 def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path):
     """A Llama or Qwen3 folder (grouped-query attention; Qwen3 adds QK-norm) fine-tunes as
     GPT-2 does: the first loss is transformers' loss on the same batch, and the run exports
-    back as its own kind."""
+    back as its own kind. The Qwen3 folder pads its embedding table past its tokenizer's
+    ids, as released Qwen models do (151,936 rows for 151,669 ids): the run keeps the rows,
+    through --resume and export."""
     folder = tmp_path / "hf"
     folder.mkdir()
     byte_level_bpe(corpus.read_text(encoding="utf-8")).save(str(folder / "tokenizer.json"))
     config_class, model_class = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[kind]
+    rows = {"llama": 320, "qwen3": 384}[kind]  # the tokenizer has 320 ids
     torch.manual_seed(1)
     hf = model_class(config_class(
-        vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        vocab_size=rows, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
         attn_implementation="eager", bos_token_id=0, eos_token_id=0)).eval()
     with torch.no_grad():
@@ -341,8 +344,10 @@ def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path)
     ref = transformers_first_loss(hf, folder, corpus, out)
     first = float(next(r["train_loss"] for r in read_log(out) if r["train_loss"]))
     assert first == pytest.approx(ref, rel=1e-4, abs=1e-4)
+    assert main(["train", "--out", str(out), "--resume", "--max_iters", "3", *QUICK]) == 0
     assert main(["export", str(out), "--hf", str(tmp_path / "back")]) == 0
-    assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == kind
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["model_type"] == kind and back["vocab_size"] == rows
 
 
 def test_prepare_with_the_tokenizer_of_a_folder_to_fine_tune_from(gpt2, corpus, tmp_path,

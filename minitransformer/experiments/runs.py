@@ -269,6 +269,8 @@ def resumed_run(req: TrainRequest):
     prepared = family.reopen(as_named_now(meta, source) if req.data else meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)
+    if isinstance(saved.get("vocab_size"), int):
+        family.keep_rows(prepared, saved["vocab_size"])  # a padded table, from --init_from
     try:
         built = family.build(prepared, saved, train_cfg.seed)
     except (KeyError, TypeError) as e:
@@ -280,7 +282,8 @@ def resumed_run(req: TrainRequest):
 
 
 def _progress(cfg: TrainConfig, step: int, seconds: float) -> float:
-    return seconds / cfg.time_budget if cfg.time_budget else step / cfg.max_iters
+    """As the run computes it: the limit it is nearer to, step or time."""
+    return max(step / cfg.max_iters, seconds / cfg.time_budget if cfg.time_budget else 0)
 
 
 def resume_notes(meta: dict, state: dict, train_cfg: TrainConfig, model) -> list[str]:

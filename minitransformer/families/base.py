@@ -114,6 +114,7 @@ class Family:
     evaluate_options: frozenset[str] = frozenset()  # evaluate's flags this family reads
     can_autosize = False  # --time_budget without --preset sizes the model
     measures_lengths = False  # loss_at_length scores it (compare --eval_lengths)
+    spare_rows = False  # build honours prepared.extra["vocab_rows"] (see keep_rows)
 
     # -- settings ---------------------------------------------------------------------------
     def check_batch_split(self, batch_size: int, world_size: int, grad_accum: int) -> None:
@@ -231,6 +232,7 @@ class Family:
     def start_from(self, source, prepared: Prepared, fields: dict,
                    seed: int = 0) -> tuple[Built, list[str]]:
         """(the model and task of ``build`` holding the source's weights, lines to print)."""
+        self.keep_rows(prepared, source.config.vocab_size)
         built = self.build(prepared, self.init_fields(source, fields), seed)
         if built.config.vocab_size != source.config.vocab_size:
             raise UserError(f"{source.path}: its tokenizer has {prepared.tokenizer.vocab_size:,} "
@@ -238,6 +240,13 @@ class Family:
         notes = self.load_source(built.model, source)
         built.meta["init_from"] = source.origin
         return built, notes
+
+    def keep_rows(self, prepared: Prepared, rows: int) -> None:
+        """Let ``build`` give the model ``rows`` embedding rows where its tokenizer has fewer
+        ids: pretrained models pad their vocabulary (Qwen's 151,669 ids have 151,936 rows),
+        and a run started from one keeps them. Families without ``spare_rows`` refuse it."""
+        if self.spare_rows and rows > prepared.tokenizer.vocab_size:
+            prepared.extra["vocab_rows"] = rows
 
     def load_source(self, model: nn.Module, source, fresh: dict | None = None) -> list[str]:
         """Copy the source's weights into ``model`` (a shorter block_size takes the first rows

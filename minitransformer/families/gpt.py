@@ -49,10 +49,12 @@ class GPTFamily(StreamFamily):
                          "minitransformer sample DIR --prompt ..."}
     can_autosize = True
     measures_lengths = True
+    spare_rows = True
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         tok = prepared.tokenizer
-        cfg = config_from_dict(GPTConfig, {**fields, "vocab_size": tok.vocab_size})
+        rows = prepared.extra.get("vocab_rows", tok.vocab_size)  # keep_rows: a padded table
+        cfg = config_from_dict(GPTConfig, {**fields, "vocab_size": rows})
         self.check_length(prepared, cfg.block_size)
         task = self.make_task(prepared, cfg)
         return Built(cfg, GPT(cfg), task, run_meta(self.name, cfg, prepared.data_meta),
