@@ -34,6 +34,17 @@ def usual_mode(folder: bool = False) -> int:
     return (0o777 if folder else 0o666) & ~_UMASK
 
 
+def check_folder_path(path, flag: str = "--out") -> None:
+    """Refuse ``path`` as a folder to write into where it, or a folder above it, is a file
+    (``mkdir`` would fail half-way, after the work that comes first)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file; give a folder")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"{flag} {path} cannot be made: {above} is a file, not a folder")
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable (a no-op where folders cannot be opened)."""
     try:

@@ -467,3 +467,15 @@ def test_a_folder_with_files_a_run_writes_is_not_written_over_unasked(tmp_path, 
     (stopped / "log.csv").write_text((folder / "log.csv").read_text(encoding="utf-8")
                                      .splitlines()[0] + "\n", encoding="utf-8")
     assert main(["train", "--data", "shakespeare", "--out", str(stopped), *TINY]) == 0
+
+
+@pytest.mark.parametrize("command", ["train", "prepare", "compare"])
+def test_an_out_folder_that_is_or_lies_under_a_file_is_refused(command, tmp_path, capsys):
+    """`mkdir` failed there after the corpus was read: an internal error, exit 1."""
+    text = files(tmp_path)["ok.txt"]
+    extra = {"train": TINY, "prepare": [],
+             "compare": [*TINY, "--vary", "pos_encoding=rope,alibi"]}[command]
+    for out, said in ((text, "is a file; give a folder"),
+                      (text / "sub", f"cannot be made: {text} is a file")):
+        check_user_error(capsys, [command, "--data", text, "--out", out, *extra], said)
+    assert text.read_bytes() == b"hello world, the quick brown fox. " * 60

@@ -15,6 +15,7 @@ from ..data.text import check_encoding_applies
 from ..errors import UserError
 from ..families import FAMILIES, get_family
 from ..families.pretrained import read_tokenizer_source
+from ..io import check_folder_path
 from ..training.checkpoint import holds_run, run_containing
 from .flags import add_tokenizer_flag, positive_int
 
@@ -80,9 +81,7 @@ def cmd_prepare(args) -> int:
     if args.data is None or args.out is None:
         raise UserError("prepare needs --data SOURCE and --out DATA_DIR (or --clear_cache "
                         "alone)")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a folder")
+    check_folder_path(out := Path(args.out))
     if holds_run(out) or run_containing(out) is not None:
         raise UserError(f"--out {out} holds a model or a training run (a config.json or "
                         f"checkpoints/), whose tokenizer.json prepare would replace; give "

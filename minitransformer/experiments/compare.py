@@ -29,7 +29,7 @@ import torch
 from ..config import TrainConfig, config_from_dict
 from ..errors import UserError
 from ..families.base import CannotEvaluate, Prepared
-from ..io import atomic_write_json
+from ..io import atomic_write_json, check_folder_path
 from ..presets import with_preset
 from ..training import checkpoint as ckpt
 from ..training.device import pick_device
@@ -103,6 +103,7 @@ def _slug(value) -> str:
 def check_out_dir(out_dir: Path, variants: list[Variant], force: bool) -> None:
     """Refuse an --out that holds a training run itself (always), or, unless ``force``, an
     earlier comparison: its results files or runs of the same names."""
+    check_folder_path(out_dir)
     if ckpt.holds_run(out_dir):
         raise UserError(f"{out_dir} holds a training run; give the comparison a folder of its "
                         f"own")

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data.shards import MANIFEST
 from ..errors import UserError
-from ..io import read_safetensors
+from ..io import check_folder_path, read_safetensors
 from . import checkpoint as ckpt
 from . import distributed
 from .curves import plot_loss_curve
@@ -75,9 +75,7 @@ class StopFlag:
 
 def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     """Refuse a run folder that cannot be used as asked; returns whether it holds a run."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file; give a folder for the run")
+    check_folder_path(out_dir := Path(out_dir))
     if (out_dir / MANIFEST).exists():
         raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
                         f"folder of its own (train reads prepared data with --data "
