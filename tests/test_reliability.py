@@ -169,12 +169,16 @@ def test_inf_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
                           n_embd=16))
     cfg = TrainConfig(batch_size=4, max_iters=50, eval_interval=10, eval_iters=2,
                       log_interval=5, sample_tokens=0)
-    with pytest.raises(TrainingDiverged, match="at step 15"):
-        train(model, tok, task, cfg, tmp_path, {"family": "gpt", "model": vars(model.config)},
-              progress=False, echo=lambda *a: None)
+    meta = {"family": "gpt", "model": vars(model.config)}
+    with pytest.raises(TrainingDiverged, match="at step 15.* checkpoint, step_0000010, is kept"):
+        train(model, tok, task, cfg, tmp_path, meta, progress=False, echo=lambda *a: None)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_0000010"]
     good, _ = load_checkpoint(tmp_path)
     assert all(p.isfinite().all() for p in good.parameters())
+    early = InfAfter(LanguageModelTask(ids[:2500], ids[2500:], 8), bad_step=2)
+    with pytest.raises(TrainingDiverged, match="at step 5.*No checkpoint had been saved yet"):
+        train(model, tok, early, cfg, tmp_path / "early", meta, progress=False,
+              echo=lambda *a: None)
 
 
 def test_internal_error_is_one_line_and_exit_1_traceback_only_with_debug(monkeypatch, capsys,

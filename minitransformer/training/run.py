@@ -288,10 +288,12 @@ class TrainingRun:
         loss_value = distributed.mean(loss, info).item()
         if not math.isfinite(loss_value):
             self.bar.close()
+            kept = ckpt.list_checkpoints(self.out_dir)
             raise TrainingDiverged(
-                f"the loss became {loss_value} at step {self.step}; training stopped. The "
-                f"last good checkpoint is kept in {self.out_dir}; try a lower "
-                f"--learning_rate or --grad_clip 1.0")
+                f"the loss became {loss_value} at step {self.step}; training stopped. "
+                + (f"The last good checkpoint, {kept[-1].name}, is kept in {self.out_dir}"
+                   if kept else "No checkpoint had been saved yet")
+                + "; try a lower --learning_rate or --grad_clip 1.0")
         if info.enabled and distributed.from_main(float(stop_requested), info, self.device):
             self.interrupted = True
         self.health.on_train_loss(loss_value)
