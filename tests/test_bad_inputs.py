@@ -95,6 +95,9 @@ BAD_FLAGS = {
     "a decay that rises": (["--learning_rate", "1e-3", "--min_lr", "1e-2"],
                            ["--min_lr 0.01 is above the learning rate 0.001"]),
     "a BPE size for characters": (["--vocab_size", "500"], ["--vocab_size", "--tokenizer bpe"]),
+    "a rate the paper's schedule never reads": (
+        ["--lr_schedule", "noam", "--lr", "0.5", "--min_lr", "0"],
+        ["--learning_rate and --min_lr would change nothing: --lr_schedule noam"]),
 }
 
 

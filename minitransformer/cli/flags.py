@@ -246,7 +246,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
                         f"{MAX_LENGTH_PENALTY:g} (default 0.6, as in the paper)")
     g.add_argument("--max_len", type=positive_int, default=None,
                    help="longest translation in tokens (default 1.5 x each sentence's source + "
-                        "10, or --min_len where that is more)")
+                        "10; translate: or its --min_len where that is more)")
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -51,11 +51,11 @@ they saw of the dropped text (an approximation)."""
 def add_sample(sub) -> None:
     s = sub.add_parser("sample", help="generate text from a trained model", epilog=WINDOW_HELP,
                        description="Continue a prompt with a trained GPT (or a Hugging Face "
-                                   "GPT-2 or Llama folder).")
+                                   "GPT-2, Llama or Qwen3 folder).")
     s.add_argument("dir", nargs="?", help="run folder (or checkpoint folder)")
     s.add_argument("--hf", metavar="PATH", default=None,
-                   help="a local Hugging Face GPT-2 or Llama folder instead of a run folder "
-                        "(default none)")
+                   help="a local Hugging Face GPT-2, Llama or Qwen3 folder instead of a run "
+                        "folder (default none)")
     s.add_argument("--prompt", default="\n", type=cli_text,
                    help="text to continue (default a newline)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
@@ -231,7 +231,7 @@ def cmd_sample(args) -> int:
 
 
 def _sample_hf(args, device) -> int:
-    """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2 or Llama folder."""
+    """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2, Llama or Qwen3 folder."""
     model = load_hf(args.hf, device)
     if not isinstance(model, GPT):
         raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 or "

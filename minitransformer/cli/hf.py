@@ -79,7 +79,7 @@ class _RawFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 
 def add_export(sub) -> None:
     x = sub.add_parser(
-        "export", help="write a trained GPT as a Hugging Face GPT-2 or Llama folder",
+        "export", help="write a trained GPT as a Hugging Face GPT-2, Llama or Qwen3 folder",
         description=EXPORT_DESCRIPTION, epilog=EXPORT_HELP, formatter_class=_RawFormatter)
     add_run_dir(x)
     x.add_argument("--hf", required=True, metavar="PATH",

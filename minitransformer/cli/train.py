@@ -46,7 +46,11 @@ def add_parser(sub) -> None:
         description="Train a model. Any config field is a flag: --n_layer 4 ... The defaults "
                     "shown are those of the default preset, cpu-small, of the GPT family "
                     "(fields of the other families: their own cpu-small); every preset's "
-                    "values: minitransformer presets. A flag given wins over the preset.")
+                    "values: minitransformer presets. A flag given wins over the preset. "
+                    "--time_budget without --preset sizes the model to the budget instead "
+                    "(autosize, said when it starts). A run ends at --max_iters or its "
+                    "--time_budget, whichever comes first, and its learning rate decays by "
+                    "the same.")
     t.add_argument("--data", action="extend", nargs="+", metavar="CORPUS",
                    help="corpus: a bundled name (shakespeare, tang, sayings, bible_en_es), a "
                         "text file, a folder, a glob, JSONL, Parquet, a datasets save_to_disk "
@@ -83,7 +87,9 @@ def add_parser(sub) -> None:
                    help="the field of each JSON Lines record, or the column of a Parquet, "
                         "Arrow or datasets table, that holds its text, in every source "
                         "(default text; on --resume the run's own, or another for a new --data)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress bar and no summary of the corpus, model and budget "
+                        "before training")
     add_early_stop(t)
     add_config_flags(t, CONFIG_GROUPS, preset_defaults())
     add_config_flags(t, [(LoraConfig, "LoRA fine-tuning (LoraConfig; needs peft: pip install "

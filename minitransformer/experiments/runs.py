@@ -146,7 +146,7 @@ def new_run(req: TrainRequest, echo=print):
     train_cfg = _train_config(train_f, req.fields, (lambda _: None) if sized else echo)
     if not sized:  # the sizes are known: a setting that cannot work fails before the data
         family.check_fields(model_f)
-    _check_launch(family, train_cfg, "lora_rank" in req.lora, batch_known=not sized)
+    _check_launch(family, train_cfg, "lora_rank" in req.lora, req.fields, batch_known=not sized)
     prepared = family.prepare(req.data or family.default_data, req.encoding or "utf-8",
                               model_f, req.tokenizer, req.data_tgt, req.newline,
                               text_field=req.text_field)
@@ -164,8 +164,14 @@ def new_run(req: TrainRequest, echo=print):
     return family, prepared, built, train_cfg
 
 
-def _check_launch(family: Family, cfg: TrainConfig, lora: bool, batch_known=True) -> None:
-    """Refusals about torchrun's processes that need no data, made before it is read."""
+def _check_launch(family: Family, cfg: TrainConfig, lora: bool, given: dict,
+                  batch_known=True) -> None:
+    """Refusals that need no data, made before it is read: flags the schedule never reads,
+    and torchrun's processes."""
+    unread = [f"--{k}" for k in ("learning_rate", "min_lr") if k in given]
+    if cfg.lr_schedule == "noam" and unread:
+        raise UserError(f"{' and '.join(unread)} would change nothing: --lr_schedule noam "
+                        f"sets the rate from d_model and --warmup_iters alone; drop it")
     distributed.check_launch(cfg, lora)
     if batch_known:  # autosize picks the batch after reading the corpus
         family.check_batch_split(cfg.batch_size, distributed.launched_world_size(),
@@ -199,7 +205,7 @@ def pretrained_run(req: TrainRequest, echo=print):
     preset = req.preset or "finetune"
     train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f},
                               req.fields, echo)
-    _check_launch(family, train_cfg, "lora_rank" in req.lora)
+    _check_launch(family, train_cfg, "lora_rank" in req.lora, req.fields)
     data = req.data or source.meta.get("data", {}).get("source") or family.default_data
     check_encoding_applies(data, req.encoding)
     meta = source.meta if source.kind == "run" else {}
@@ -265,7 +271,8 @@ def resumed_run(req: TrainRequest):
     fixed = decay_floor(merged, req.fields, lambda _: None)  # resume_notes says the change
     train_cfg = train_config(meta, train_f if fixed is merged else
                              {**train_f, "min_lr": fixed["min_lr"]})
-    _check_launch(family, train_cfg, "lora_rank" in req.lora or meta.get("lora") is not None)
+    _check_launch(family, train_cfg, "lora_rank" in req.lora or meta.get("lora") is not None,
+                  req.fields)
     prepared = family.reopen(as_named_now(meta, source) if req.data else meta, tokenizer, source,
                              req.encoding or data.get("encoding", "utf-8"), req.data_tgt,
                              text_field=field)

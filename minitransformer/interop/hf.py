@@ -1,5 +1,5 @@
-"""Load Hugging Face checkpoint folders into our models, and write our GPT as a GPT-2 or Llama
-folder.
+"""Load Hugging Face checkpoint folders into our models, and write our GPT as a GPT-2, Llama
+or Qwen3 folder.
 
     load_hf("path/to/gpt2")        -> GPT            (model_type "gpt2")
     load_hf("path/to/llama")       -> GPT            (model_type "llama": RMSNorm, SwiGLU, RoPE)
@@ -95,7 +95,7 @@ def save_hf(model, path, tokenizer=None) -> Path:
     ``check_export_folder`` first, as ``export`` does.
     """
     if not isinstance(model, GPT):
-        raise UserError(f"only a GPT can be written as GPT-2 or Llama, not a "
+        raise UserError(f"only a GPT can be written as GPT-2, Llama or Qwen3, not a "
                         f"{type(model).__name__}")
     folder = check_export_folder(path, force=True)  # only a file is refused here
     arch = architecture(model.config)
