@@ -96,6 +96,11 @@ def test_two_aligned_files(tmp_path):
     c = load_parallel(str(a), str(b))
     assert c.src == ["one", "two", "three"] and c.tgt == ["uno", "dos", "tres"]
     assert len(set(c.groups)) == 3  # small corpus: blocks of one line
+    assert (c.src_lang, c.tgt_lang) == ("a", "b")  # names that differ: the names
+    (tmp_path / "train.en").write_bytes(a.read_bytes())
+    (tmp_path / "train.es").write_bytes(b.read_bytes())
+    c = load_parallel(str(tmp_path / "train.en"), str(tmp_path / "train.es"))
+    assert (c.src_lang, c.tgt_lang) == ("en", "es")  # only the suffixes differ: them
 
 
 BAD_INPUTS = [
@@ -223,7 +228,7 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible, capsys):
         (tmp_path / name).write_text("\n".join(row.split("\t")[i] for row in rows[1:41]) + "\n",
                                      encoding="utf-8")
     out = evaluate("--data", tmp_path / "test.en", "--data_tgt", tmp_path / "test.es")
-    assert "all 40 pairs" in out and greedy in out, out
+    assert "all 40 pairs en -> es" in out and greedy in out, out
     r = run_cli("train", "--out", run, "--resume", "--max_iters", "9", "--quiet")
     assert r.returncode == 0, r.stderr
     assert json.loads((run / "checkpoints" / "step_0000009" / "config.json")

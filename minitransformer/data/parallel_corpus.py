@@ -188,8 +188,17 @@ def read_aligned(src_file: str, tgt_file: str, encoding: str = "utf-8") -> Paral
         groups.append(f"block {i // block}")
     if not s_out:
         raise UserError(f"{src_file} and {tgt_file} hold no sentences")
-    return ParallelCorpus(f"{src_file} + {tgt_file}", Path(src_file).stem,
-                          Path(tgt_file).stem, s_out, t_out, groups)
+    return ParallelCorpus(f"{src_file} + {tgt_file}", *_sides(src_file, tgt_file), s_out,
+                          t_out, groups)
+
+
+def _sides(src_file: str, tgt_file: str) -> tuple[str, str]:
+    """What the two sides are called: their suffixes where the names differ only there (the
+    usual train.en and train.es), else each file's name without its suffix."""
+    a, b = Path(src_file), Path(tgt_file)
+    if a.stem == b.stem and a.suffix and b.suffix and a.suffix != b.suffix:
+        return a.suffix[1:], b.suffix[1:]
+    return a.stem, b.stem
 
 
 def _block_size(n: int) -> int:
