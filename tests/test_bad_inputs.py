@@ -482,3 +482,12 @@ def test_an_out_folder_that_is_or_lies_under_a_file_is_refused(command, tmp_path
                       (text / "sub", f"cannot be made: {text} is a file")):
         check_user_error(capsys, [command, "--data", text, "--out", out, *extra], said)
     assert text.read_bytes() == b"hello world, the quick brown fox. " * 60
+
+
+def test_evaluating_new_characters_with_a_character_model_says_what_reads_them(run_dir,
+                                                                               tmp_path, capsys):
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text("jumpy zebras " * 40, encoding="utf-8")
+    check_user_error(capsys, ["evaluate", run_dir, "--data", held_out],
+                     "never saw in training: 'j', 'm', 'p', 'y', 'z'",
+                     "--tokenizer bpe-chars or bpe-bytes")

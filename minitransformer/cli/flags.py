@@ -61,7 +61,7 @@ def cli_text(value: str) -> str:
     if any(0xDC80 <= ord(ch) <= 0xDCFF for ch in value):
         raise argparse.ArgumentTypeError(
             f"not valid text in this terminal's encoding ({sys.getfilesystemencoding()}): "
-            f"check the locale (LANG), or give the text in a file")
+            f"check the locale (LANG, such as C.UTF-8) and the bytes of the text")
     return value
 
 

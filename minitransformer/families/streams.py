@@ -27,7 +27,7 @@ from ..data.prepare import prepare_corpus
 from ..data.shards import TOKENIZER, is_prepared, joined, open_shards
 from ..data.sources import check_text_field, source_files
 from ..errors import UserError
-from ..tokenizers import load_tokenizer
+from ..tokenizers import UnknownCharactersError, load_tokenizer
 from ..training.device import pick_dtype
 from ..training.task import check_divisible
 from ..training.trainer import estimate_loss
@@ -218,8 +218,13 @@ class StreamFamily(Family):
         folder keeps the split it was prepared with."""
         source, encoding = data_source(meta, options)
         named = as_named_now(meta, source) if options.get("data") else meta
-        prepared = self.reopen(named, tokenizer, source, encoding,
-                               text_field=options.get("text_field"))
+        try:
+            prepared = self.reopen(named, tokenizer, source, encoding,
+                                   text_field=options.get("text_field"))
+        except UnknownCharactersError as e:
+            raise UserError(f"{source}: {e}. A character model scores only text in its own "
+                            f"alphabet; one trained with --tokenizer bpe-chars or bpe-bytes "
+                            f"reads new characters") from None
         whole = not prepared.data_meta.get("prepared") and \
             not same_corpus(meta.get("data", {}), prepared.data_meta)
         if whole:
