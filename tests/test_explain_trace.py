@@ -169,6 +169,42 @@ def test_scaled_embeddings_are_traced_and_shown(pos):
     assert "scaled-embeddings" not in {b["id"] for b in plain_steps["embed"]["blocks"]}
 
 
+def test_a_modern_model_is_shown_with_its_own_formulas():
+    """RMSNorm, SwiGLU, QK-norm, grouped-query attention, soft-capping and no biases: each is
+    named and written as this model computes it, never as the original Transformer's (a
+    LayerNorm formula, a two-matrix FFN with biases, 'mean 0 and variance 1')."""
+    tokenizer = CharTokenizer.fit("abcdefghijklmnopqrstuvwxyz .,\n")
+    torch.manual_seed(3)
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=4,
+                    n_embd=16, pos_encoding="rope", norm="rmsnorm", activation="swiglu",
+                    qk_norm=True, n_kv_head=2, logit_softcap=15.0, bias=False)
+    model = GPT(cfg).eval()
+    trace = trace_gpt(model, tokenizer, TEXT)
+    doc = resolve(walkthrough_doc(trace, tokenizer, model.config))
+    steps = {s["id"]: s for s in doc["steps"]}
+    for feature in ("SwiGLU", "RMSNorm", "QK-norm", "key/value heads: 2",
+                    "logit soft-cap 15", "no biases"):
+        assert feature in doc["subtitle"], (feature, doc["subtitle"])
+    said = {k: " ".join(v["formulas"] + v["text"]) for k, v in steps.items()}
+    assert "RMSNorm(h W_Q)" in said["qkv"] and "each group of 2 query heads" in said["qkv"]
+    titles = [b["title"] for b in steps["qkv"]["blocks"]]
+    assert "Q after QK-norm, before RoPE (layer {layer}, head {head})" in titles
+    assert "\u221a(mean(z\u00b2) + \u03b5)" in said["residual"]
+    assert "mean(z)" not in said["residual"] and "variance 1" not in said["residual"]
+    assert "FFN(z) = (SiLU(z W_gate) \u2299 (z W\u2081)) W\u2082" in said["ffn"]
+    assert "b\u2081" not in said["ffn"]
+    assert "c \u00b7 tanh(logits / c)" in said["output"] and "c = 15" in said["output"]
+    # the formula's numbers are the model's: SwiGLU's hidden layer as the page shows it
+    h = trace.layers[0].ffn.h
+    ffn = model.decoder.layers[0].ffn
+    expected = F.silu(h @ ffn.gate.weight.T) * (h @ ffn.fc.weight.T)
+    shown = {b["id"]: b for b in steps["ffn"]["blocks"]}["ffn-hidden"]["values"][0]
+    torch.testing.assert_close(torch.tensor(shown, dtype=torch.float64), expected.double(),
+                               atol=1e-5, rtol=1e-5)
+    assert doc == resolve(walkthrough_doc(trace, tokenizer, model.config), "en")
+    resolve(walkthrough_doc(trace, tokenizer, model.config), "zh")  # every message exists
+
+
 def test_embedded_json_cannot_break_out_of_its_script_element():
     nasty = {"t": "</script><script>alert(1)</script> & <!-- \u2028\u2029 '\"",
              "v": [float("-inf"), 1.5]}

@@ -69,6 +69,34 @@ def _per_head(trace: ForwardTrace, get) -> list[list[torch.Tensor]]:
     return [[get(layer, h) for h in range(layer.attn.q.shape[0])] for layer in trace.layers]
 
 
+ACTIVATIONS = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "relu2": "ReLU\u00b2",
+               "swiglu": "SwiGLU"}
+
+
+def _features(config) -> list:
+    """What the subtitle names beside the positions: the activation, and each change later
+    models made where this one has it (docs/modern.md)."""
+    out = [ACTIVATIONS.get(config.activation, config.activation)]
+    if _rms(config):
+        out.append("RMSNorm")
+    if getattr(config, "qk_norm", False):
+        out.append("QK-norm")
+    kv = getattr(config, "n_kv_head", None)
+    if kv and kv < config.n_head:
+        out.append(msg("walk.kv_heads", kv=kv))
+    if cap := getattr(config, "logit_softcap", None):
+        out.append(msg("walk.softcap", c=f"{cap:g}"))
+    if not getattr(config, "bias", True):
+        out.append(msg("walk.no_bias"))
+    return out
+
+
+def _listed(items: list):
+    """Items as one message: "a, b, c" in the reader's language."""
+    return items[0] if len(items) == 1 else msg("walk.list", first=items[0],
+                                                  rest=_listed(items[1:]))
+
+
 def step_tokens(t: ForwardTrace, tokenizer, config) -> dict:
     kind = getattr(tokenizer, "kind", type(tokenizer).__name__)
     return {"id": "tokenize", "title": msg("tokens.title"),
@@ -135,22 +163,33 @@ def step_qkv(t: ForwardTrace, config) -> dict:
     rows = t.tokens
     blocks = [matrix("attn-input", msg("qkv.input_pre" if pre else "qkv.input_post"),
                      _per_layer(t, lambda ly: ly.attn.h), "layer", rows=rows)]
+    qk_norm = getattr(config, "qk_norm", False)
     for key, name in [("q", "Q"), ("k", "K"), ("v", "V")]:
         rotated = t.pos_encoding == "rope" and key in "qk"
+        normed = qk_norm and key in "qk"  # the raw rows are already QK-normed
         if rotated:
-            blocks.append(matrix(f"{key}-raw", msg("qkv.before_rope", name=name),
+            blocks.append(matrix(f"{key}-raw", msg("qkv.normed_before_rope" if normed
+                                                   else "qkv.before_rope", name=name),
                                  _per_head(t, lambda ly, h, key=key:
                                            getattr(ly.attn, key + "_raw")[h]),
                                  "head", rows=rows))
-        blocks.append(matrix(key, msg("qkv.after_rope" if rotated else "qkv.block", name=name),
+        title = "qkv.after_rope" if rotated else "qkv.normed" if normed else "qkv.block"
+        blocks.append(matrix(key, msg(title, name=name),
                              _per_head(t, lambda ly, h, key=key: getattr(ly.attn, key)[h]),
                              "head", rows=rows))
     text = [msg("qkv.pre_text" if pre else "qkv.post_text"),
             msg("qkv.text", heads=config.n_head, hs=hs)]
+    formulas = [msg("qkv.formula", hs=hs)]
+    kv = getattr(config, "n_kv_head", None) or config.n_head
+    if kv < config.n_head:
+        text.append(msg("qkv.gqa_text", kv=kv, g=config.n_head // kv))
+    if qk_norm:
+        formulas.append(msg("qkv.qk_norm_formula"))
+        text.append(msg("qkv.qk_norm_text"))
     if t.pos_encoding == "rope":
         text.append(msg("qkv.rope_text"))
-    return {"id": "qkv", "title": msg("qkv.title"), "formulas": [msg("qkv.formula", hs=hs)],
-            "text": text, "blocks": blocks}
+    return {"id": "qkv", "title": msg("qkv.title"), "formulas": formulas, "text": text,
+            "blocks": blocks}
 
 
 def step_attention(t: ForwardTrace, config) -> dict:
@@ -184,6 +223,11 @@ def step_attention(t: ForwardTrace, config) -> dict:
 
 LN_FORMULA = ("LN(z) = \u03b3 \u2299 (z \u2212 mean(z)) / \u221a(var(z) + \u03b5) + "
               "\u03b2")
+RMS_FORMULA = "LN(z) = RMSNorm(z) = \u03b3 \u2299 z / \u221a(mean(z\u00b2) + \u03b5)"
+
+
+def _rms(config) -> bool:
+    return getattr(config, "norm", "layernorm") == "rmsnorm"
 
 
 def step_residual(t: ForwardTrace, config) -> dict:
@@ -196,38 +240,45 @@ def step_residual(t: ForwardTrace, config) -> dict:
                      _per_layer(t, lambda ly: ly.attn.residual), "layer", rows=rows),
               matrix("residual-stats", msg("res.stats_block"), stats, "layer",
                      rows=rows, cols=[msg("res.mean"), msg("res.std")])]
+    rms = _rms(config)
+    norm, suffix = (RMS_FORMULA, "_rms") if rms else (LN_FORMULA, "")
     if pre:
-        formulas = [msg("res.pre_formula"), msg("res.pre_ffn_formula"), LN_FORMULA]
+        formulas = [msg("res.pre_formula"), msg("res.pre_ffn_formula"), norm]
         blocks.append(matrix("norm-output", msg("res.pre_norm_block"),
                              _per_layer(t, lambda ly: ly.ffn.h), "layer", rows=rows))
-        text = [msg("res.pre_text")]
+        text = [msg("res.pre_text" + suffix)]
     else:
-        formulas = [msg("res.post_formula"), LN_FORMULA]
+        formulas = [msg("res.post_formula"), norm]
         blocks.append(matrix("norm-output", msg("res.post_norm_block"),
                              _per_layer(t, lambda ly: ly.attn.after), "layer", rows=rows))
-        text = [msg("res.post_text")]
-    return {"id": "residual", "title": msg("res.title"), "formulas": formulas, "text": text,
-            "blocks": blocks}
+        text = [msg("res.post_text" + suffix)]
+    return {"id": "residual", "title": msg("res.title" + suffix), "formulas": formulas,
+            "text": text, "blocks": blocks}
 
 
 def step_ffn(t: ForwardTrace, config) -> dict:
     rows, pre = t.tokens, t.norm_position == "pre"
-    act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)"}.get(t.activation,
-                                                                           t.activation)
+    act = ACTIVATIONS.get(t.activation, t.activation)
     width = t.layers[0].ffn.hidden.shape[-1]
+    swiglu, bias = t.activation == "swiglu", getattr(config, "bias", True)
+    hidden = msg("ffn.hidden_swiglu") if swiglu else \
+        msg("ffn.hidden_block" if bias else "ffn.hidden_nobias", act=act)
     blocks = [matrix("ffn-input", msg("ffn.input_block"),
                      _per_layer(t, lambda ly: ly.ffn.h), "layer", rows=rows),
-              matrix("ffn-hidden", msg("ffn.hidden_block", act=act),
+              matrix("ffn-hidden", hidden,
                      _per_layer(t, lambda ly: ly.ffn.hidden), "layer", rows=rows,
                      note=_note(width, "hidden")),
               matrix("ffn-output", msg("ffn.output_block"),
                      _per_layer(t, lambda ly: ly.ffn.out), "layer", rows=rows),
               matrix("block-output", msg("ffn.block_output"),
                      _per_layer(t, lambda ly: ly.ffn.after), "layer", rows=rows)]
-    formulas = [f"FFN(z) = {act}(z W\u2081 + b\u2081) W\u2082 + b\u2082        "
+    b1, b2 = (" + b\u2081", " + b\u2082") if bias else ("", "")
+    inner = f"(SiLU(z W_gate{b1}) \u2299 (z W\u2081{b1}))" if swiglu else f"{act}(z W\u2081{b1})"
+    formulas = [f"FFN(z) = {inner} W\u2082{b2}        "
                 f"(d_model {config.n_embd} \u2192 {width} \u2192 {config.n_embd})",
                 msg("ffn.pre_formula" if pre else "ffn.post_formula")]
-    text = [msg("ffn.text", act=act), msg("ffn.blocks_text", n=len(t.layers))]
+    text = [msg("ffn.text", act=act), *([msg("ffn.swiglu_text")] if swiglu else []),
+            msg("ffn.blocks_text", n=len(t.layers))]
     return {"id": "ffn", "title": msg("ffn.title"), "formulas": formulas, "text": text,
             "blocks": blocks}
 
@@ -240,8 +291,10 @@ def step_output(t: ForwardTrace, tokenizer, config, k: int) -> dict:
              for i, label, p in top]
     tied = getattr(config, "tie_weights", False)
     formulas = [msg("out.pre_formula" if pre else "out.post_formula"),
-                msg("out.logits_tied") if tied else "logits = h W_vocab\u1d40",
-                msg("out.softmax_formula")]
+                msg("out.logits_tied") if tied else "logits = h W_vocab\u1d40"]
+    if cap := getattr(config, "logit_softcap", None):
+        formulas.append(msg("out.softcap_formula", c=f"{cap:g}"))
+    formulas.append(msg("out.softmax_formula"))
     entropy = float(-(probs * probs.clamp_min(1e-30).log()).sum())
     text = [msg("out.text", vocab=config.vocab_size, k=len(items), tail=t.text[-20:],
                 pct=f"{100 * sum(p for _, _, p in top):.1f}", entropy=f"{entropy:.2f}")]
@@ -262,7 +315,7 @@ def walkthrough_doc(trace: ForwardTrace, tokenizer, config, layer: int = 0, head
         "title": msg("walk.title", text=trace.text),
         "subtitle": msg("walk.subtitle", source=source, layers=config.n_layer,
                         heads=config.n_head, d=config.n_embd, norm=norm,
-                        pos=msg(f"pe.{trace.pos_encoding}")),
+                        pos=_listed([msg(f"pe.{trace.pos_encoding}"), *_features(config)])),
         "lang": lang, "n_layer": config.n_layer, "n_head": config.n_head, "layer": layer,
         "head": head, "autoplay_ms": 4000,
         "steps": [step_tokens(trace, tokenizer, config), step_embeddings(trace, config),
