@@ -125,6 +125,53 @@ def test_embed_notes_a_sentence_cut_to_the_models_limit(minilm_path, capsys):
                                                                                   abs=1e-5)
 
 
+@pytest.mark.parametrize("mode,normalize", [("cls", True), ("max", False), ("mean", False)])
+def test_embed_pools_as_the_folders_sentence_transformers_modules_say(minilm_path, tmp_path,
+                                                                     capsys, mode, normalize):
+    """A BGE-style folder takes [CLS], another the channels' max, one leaves out Normalize:
+    the embeddings are SentenceTransformer.encode's (they used to be the normalised mean
+    whatever the folder said)."""
+    import shutil
+
+    st = pytest.importorskip("sentence_transformers")
+    folder = tmp_path / "st"
+    shutil.copytree(minilm_path, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    if not normalize:
+        modules = [m for m in modules if not m["type"].endswith("Normalize")]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    config.update({f"pooling_mode_{k}": k == {"cls": "cls_token", "max": "max_tokens",
+                                               "mean": "mean_tokens"}[mode]
+                   for k in ("cls_token", "mean_tokens", "max_tokens")})
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    sentences = ["A man is eating food.", "The girl is carrying a baby on her back."]
+    assert main(["embed", "--hf", str(folder), "--json", *sentences]) == 0
+    ours = torch.tensor(json.loads(capsys.readouterr().out)["embeddings"])
+    theirs = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu")
+                              .encode(sentences))
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
+def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "st"
+    shutil.copytree(minilm_path, folder)
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    config.update(pooling_mode_mean_tokens=False, pooling_mode_weightedmean_tokens=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2
+    assert "pools by weightedmean_tokens, which embed does not implement" in \
+        capsys.readouterr().err
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2
+    assert "has a Dense module after pooling" in capsys.readouterr().err
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A tiny run folder written as training writes it: the best model at the top and one

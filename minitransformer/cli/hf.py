@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..families import load_run
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
+from ..interop.sentence import Pooling, read_pooling
 from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
 from ..training import checkpoint as ckpt
@@ -26,8 +27,10 @@ from .flags import HelpFormatter, add_device, add_run_dir, cli_text
 def add_embed(sub) -> None:
     e = sub.add_parser(
         "embed", help="sentence embeddings from a BERT-style model (e.g. all-MiniLM-L6-v2)",
-        description="Mean-pool the encoder's last hidden states over the real tokens and "
-                    "L2-normalise, as sentence-transformers does. One sentence: prints its "
+        description="Pool the encoder's last hidden states as the folder's sentence-"
+                    "transformers modules say (mean, cls or max; then L2-normalise where it "
+                    "has a Normalize module), as SentenceTransformer.encode does; a folder "
+                    "without modules.json: the normalised mean. One sentence: prints its "
                     "embedding. Several: prints their cosine similarity matrix. A sentence "
                     "past the folder's max length (max_seq_length, else model_max_length) is "
                     "embedded from its first tokens, with a note.")
@@ -119,9 +122,11 @@ def cmd_export(args) -> int:
     return 0
 
 
-def embed_sentences(model: EncoderModel, tokenizer, sentences: list[str], device="cpu"):
-    """Normalised sentence embeddings (N, C). A sentence longer than the tokenizer's limit is
-    embedded from its first tokens, as sentence-transformers does, with a note on stderr."""
+def embed_sentences(model: EncoderModel, tokenizer, sentences: list[str], device="cpu",
+                    pooling: Pooling = Pooling()):
+    """Sentence embeddings (N, C), pooled as the folder says (normalised mean by default). A
+    sentence longer than the tokenizer's limit is embedded from its first tokens, as
+    sentence-transformers does, with a note on stderr."""
     import torch
 
     for i, length in tokenizer.over_length(sentences):
@@ -133,7 +138,8 @@ def embed_sentences(model: EncoderModel, tokenizer, sentences: list[str], device
                         f"positions")
     ids = torch.tensor(ids, device=device)  # (N, T)
     mask = torch.tensor(mask, device=device)  # (N, T)
-    return model.embed(ids, mask).float().cpu()  # (N, C)
+    return model.embed(ids, mask, pooling=pooling.mode,
+                       normalize=pooling.normalize).float().cpu()  # (N, C)
 
 
 def _print_similarity(sentences: list[str], sim) -> None:
@@ -147,14 +153,18 @@ def _print_similarity(sentences: list[str], sim) -> None:
 
 
 def cmd_embed(args) -> int:
+    import torch
+
     device = pick_device(args.device)
+    pooling = read_pooling(args.hf)  # before the weights are read
     model = load_hf(args.hf, device)
     if not isinstance(model, EncoderModel):
         raise UserError(f"{args.hf} holds a {type(model).__name__}; embed needs a BERT-style "
                         f"encoder such as all-MiniLM-L6-v2")
     tokenizer = load_hf_tokenizer(args.hf, max_length=model.config.block_size)
-    emb = embed_sentences(model, tokenizer, args.sentences, device)  # (N, C)
-    sim = emb @ emb.T  # (N, N): cosine similarity, the rows being unit vectors
+    emb = embed_sentences(model, tokenizer, args.sentences, device, pooling)  # (N, C)
+    unit = torch.nn.functional.normalize(emb, dim=-1)  # (N, C)
+    sim = unit @ unit.T  # (N, N): cosine similarity
     if args.json:
         print(json.dumps({"sentences": args.sentences, "embeddings": emb.tolist(),
                           "similarity": sim.tolist()}))

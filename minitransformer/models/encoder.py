@@ -114,10 +114,22 @@ class EncoderModel(nn.Module):
 
     @torch.no_grad()
     def embed(self, idx: torch.Tensor, attention_mask: torch.Tensor | None = None,
-              token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Sentence embeddings (B, C): mean over real tokens, then L2-normalised."""
+              token_type_ids: torch.Tensor | None = None, pooling: str = "mean",
+              normalize: bool = True) -> torch.Tensor:
+        """Sentence embeddings (B, C): the mean over real tokens (``pooling="mean"``), the
+        first token's vector ("cls") or each channel's largest over real tokens ("max");
+        then L2-normalised unless ``normalize`` is False."""
         h = self.encode(idx, attention_mask, token_type_ids)  # (B, T, C)
-        return F.normalize(mean_pool(h, attention_mask), dim=-1)  # (B, C)
+        if pooling == "mean":
+            e = mean_pool(h, attention_mask)  # (B, C)
+        elif pooling == "cls":
+            e = h[:, 0]  # (B, C)
+        elif pooling == "max":
+            real = torch.ones_like(idx) if attention_mask is None else attention_mask
+            e = h.masked_fill(real[..., None] == 0, float("-inf")).amax(dim=1)  # (B, C)
+        else:
+            raise ValueError(f"pooling must be mean, cls or max, got {pooling!r}")
+        return F.normalize(e, dim=-1) if normalize else e  # (B, C)
 
 
 __all__ = ["EncoderModel", "Internals", "mean_pool"]

@@ -1,0 +1,80 @@
+"""How a sentence-transformers folder turns token vectors into one sentence vector.
+
+A folder written by ``SentenceTransformer.save`` lists its modules in ``modules.json``: the
+Transformer, then a ``Pooling`` module (its ``config.json`` sets the mode), and often a
+``Normalize`` module (unit length). all-MiniLM-L6-v2 pools by the mean and normalises;
+BGE-style models take the [CLS] vector. A plain BERT folder has no modules.json: its sentence
+vector here is the normalised mean, as for all-MiniLM-L6-v2.
+
+    mode   e = ...                                   h (T, C): the encoder's output
+    mean   sum_t m_t h_t / sum_t m_t                  m: 1 for real tokens, 0 for padding
+    cls    h_0                                        the first token, [CLS]
+    max    max_t over real tokens of h_t, per channel
+
+Modules this reads nothing of (a Dense projection, other pooling modes) are refused by name:
+an embedding that silently differs from the model's own would be worse than none.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+         "pooling_mode_max_tokens": "max"}
+UNSUPPORTED_MODES = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                     "pooling_mode_lasttoken")
+KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: str = "mean"  # mean, cls or max
+    normalize: bool = True  # divide by the L2 norm
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read {what} ({e})") from None
+
+
+def read_pooling(folder) -> Pooling:
+    """The folder's pooling, from its modules.json and its Pooling module's config.json; the
+    normalised mean where it has no modules.json."""
+    folder = Path(folder)
+    if not (folder / "modules.json").is_file():
+        return Pooling()
+    modules = _read_json(folder / "modules.json", "the sentence-transformers modules")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise UserError(f"{folder / 'modules.json'}: expected a list of modules")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    other = [k for k in kinds if k not in KNOWN_MODULES]
+    if other:
+        raise UserError(f"{folder} has a {other[0]} module after pooling, which embed does "
+                        f"not implement (it reads Transformer, Pooling and Normalize)")
+    pooling = next((m for m, k in zip(modules, kinds, strict=True) if k == "Pooling"), None)
+    mode = "mean"
+    if pooling is not None:
+        config = _read_json(folder / str(pooling.get("path", "")) / "config.json",
+                            "the Pooling module's config")
+        if not isinstance(config, dict):
+            raise UserError(f"{folder}: the Pooling module's config.json is not an object")
+        unsupported = [k for k in UNSUPPORTED_MODES if config.get(k)]
+        chosen = [MODES[k] for k in MODES if config.get(k)]
+        if unsupported:
+            name = unsupported[0].removeprefix("pooling_mode_")
+            raise UserError(f"{folder} pools by {name}, which embed does not implement (it "
+                            f"pools by mean, cls or max)")
+        if len(chosen) != 1:
+            raise UserError(f"{folder}'s Pooling module sets {len(chosen)} modes; embed "
+                            f"pools by exactly one (mean, cls or max)")
+        mode = chosen[0]
+    return Pooling(mode, "Normalize" in kinds)
+
+
+__all__ = ["Pooling", "read_pooling"]
