@@ -162,7 +162,7 @@ def test_presets_lists_every_family_and_shows_one_in_full(capsys):
         assert f"\n{family} (" in "\n" + listing
     assert main(["presets", "gpt", "cpu-small"]) == 0
     full = capsys.readouterr().out
-    assert "--n_layer            3" in full and "(default 6)" in full
+    assert "--n_layer            3" in full and "(config default 6)" in full
     assert main(["presets", "gpt", "tiny"]) == 2
     assert "cpu-small" in capsys.readouterr().err
     # a preset name alone: that preset of each family having one

@@ -62,6 +62,8 @@ def cmd_presets(args) -> int:
 
 def _print_preset(family, name: str) -> None:
     values, defaults = family.preset(name), _defaults(family)
-    print(f"{family.name} preset {name} (other fields keep their defaults):")
+    print(f"{family.name} preset {name}: the fields it sets, beside the config classes' own "
+          f"defaults, which every field it leaves out keeps (train --help shows "
+          f"{family.default_preset}'s)")
     for key, value in values.items():
-        print(f"  --{key:<18} {value!s:<12} (default {defaults.get(key)})")
+        print(f"  --{key:<18} {value!s:<12} (config default {defaults.get(key)})")
