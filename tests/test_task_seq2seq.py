@@ -260,5 +260,20 @@ def test_the_training_sample_is_what_translate_prints(bible):
     assert short.splitlines()[1] == f"  -> {tok.decode(expected[0][:3])}"
 
 
+
+def test_pieces_the_vocabulary_lacks_are_said_not_silently_read_as_unk(bible, capsys):
+    """A SentencePiece-style joint BPE turns characters it never saw into <unk>: translate
+    says which (it used to print an empty translation and nothing else)."""
+    from minitransformer.families.seq2seq import encode_sources
+
+    tok, _ = bible
+    assert tok.unknown(["In the beginning.", "Y Dios dijo."]) == []
+    assert tok.unknown(["你好 God", "好 ☃"]) == ["你", "好", "☃"]
+    ids = encode_sources(make_model(tok), tok, ["你好 God"])
+    assert ids[0].count(tok.unk_id) == 2
+    assert capsys.readouterr().err == ("note: the model's vocabulary has no '你', '好': each is "
+                                       "read as <unk>\n")
+
+
 if __name__ == "__main__":
     worker(*sys.argv[1:3])

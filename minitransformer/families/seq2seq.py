@@ -305,7 +305,10 @@ def sample_sources(prepared: Prepared, tokenizer, n: int = 2) -> list[str]:
 def encode_sources(model, tokenizer, texts: list[str], what: str = "sentence"
                    ) -> list[list[int]]:
     """Source ids ending in </s>, cut to the position table when it cannot extend (said on
-    stderr: the translation is then of the source's beginning only)."""
+    stderr: the translation is then of the source's beginning only, as are unknown pieces)."""
+    if unknown := tokenizer.unknown(texts):
+        print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}: each "
+              f"is read as <unk>", file=sys.stderr)
     c = model.config
     limit = c.block_size - 1 if c.pos_encoding == "learned" else None
     if limit is not None:

@@ -184,6 +184,18 @@ class BPETokenizer:
         """``encode`` for many texts at once (parallel in Rust)."""
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
+    def unknown(self, texts: list[str]) -> list[str]:
+        """The distinct pieces of ``texts`` that encode to <unk> (characters a SentencePiece-
+        style vocabulary never saw), in order of use; empty where every piece is known."""
+        unk = self.unk_id
+        if unk is None:
+            return []
+        return list(dict.fromkeys(
+            text[a:b] for text, e in zip(texts, self.hf.encode_batch(list(texts),
+                                                                     add_special_tokens=False),
+                                         strict=True)
+            for i, (a, b) in zip(e.ids, e.offsets, strict=True) if i == unk))
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; special tokens (<pad>, <s>, ...) are left out unless asked for."""
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
