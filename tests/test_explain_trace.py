@@ -261,6 +261,28 @@ def test_explain_cli_writes_one_self_contained_file(run_dir, tmp_path):
     assert main(["explain", "--worked-example", "--out", str(tmp_path / "w.html")]) == 0
 
 
+@pytest.mark.parametrize("command, name", [("explain", "walk.html"),
+                                           ("attention", "attn.png")])
+def test_a_file_of_the_users_own_is_not_written_over_unasked(run_dir, tmp_path, capsys,
+                                                             command, name):
+    """Running the command again replaces its own output; any other file at --out is
+    refused without --force (a hand-written index.html used to be replaced silently)."""
+    out = tmp_path / name
+    args = [command, str(run_dir), "--text", TEXT, "--out", str(out)]
+    assert main(args) == 0 and main(args) == 0  # its own output, again
+    mine = b"<h1>my own page</h1>" if name.endswith(".html") else b"\x89PNG\r\n\x1a\nmine"
+    out.write_bytes(mine)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} exists and was not written by this command" in err
+    assert "--force" in err and "Traceback" not in err and out.read_bytes() == mine
+    assert main([*args, "--force"]) == 0 and out.read_bytes() != mine
+    assert main(args) == 0  # ours again
+    (tmp_path / f"dir{out.suffix}").mkdir()
+    assert main([*args[:-1], str(tmp_path / f"dir{out.suffix}")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--text", TEXT, "--layer", "2"], "--layer 2 is out of range"),
     (["--text", TEXT, "--head", "2"], "--head 2 is out of range"),

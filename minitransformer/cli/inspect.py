@@ -12,22 +12,37 @@ from pathlib import Path
 from ..errors import UserError
 from ..families import load_run
 from ..families.base import data_label
-from ..viz.heatmap import save_attention_png
+from ..viz.heatmap import SOFTWARE, save_attention_png
 from ..viz.i18n import LANGS, msg
-from ..viz.page import write_page
+from ..viz.page import GENERATOR, write_page
 from ..viz.worked import worked_example_doc
 from .flags import add_run_dir, add_which, cli_text, nonneg_int
 
 
-def _check_suffix(out: str, suffix: str, flag: str = "--out") -> Path:
+def _check_out(out: str, suffix: str, force: bool) -> Path:
+    """``--out`` as a path to write: ending in ``suffix``, and where a file is there already,
+    one this command wrote (a page with its generator tag, a PNG with its Software text),
+    unless ``force``: never a file of the user's own."""
     path = Path(out)
     if path.suffix.lower() != suffix:
-        raise UserError(f"{flag} {out} should end in {suffix}")
+        raise UserError(f"--out {out} should end in {suffix}")
+    if path.is_dir():
+        raise UserError(f"--out {out} is a folder; give a file name ending in {suffix}")
+    mark = GENERATOR.encode() if suffix == ".html" else b"Software\x00" + SOFTWARE.encode()
+    if path.exists() and not force:
+        try:
+            with open(path, "rb") as f:
+                ours = mark in f.read(1 << 16)
+        except OSError as e:
+            raise UserError(f"cannot read --out {out}: {e.strerror or e}") from None
+        if not ours:
+            raise UserError(f"--out {out} exists and was not written by this command; give "
+                            f"another name, or pass --force to replace it")
     return path
 
 
 def cmd_attention(args) -> int:
-    out = _check_suffix(args.out, ".png")
+    out = _check_out(args.out, ".png", args.force)
     run = load_run(args.dir, args.which or "best", "cpu")
     views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
     save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
@@ -44,7 +59,7 @@ def plural(n: int, word: str) -> str:
 
 
 def cmd_explain(args) -> int:
-    out = _check_suffix(args.out, ".html")
+    out = _check_out(args.out, ".html", args.force)
     if args.worked_example:
         if args.dir or args.text is not None:
             raise UserError("--worked_example takes no checkpoint folder or --text")
@@ -80,7 +95,9 @@ def add_attention(sub) -> None:
     a.add_argument("--text", required=True, type=cli_text, help="the text to run through the model")
     a.add_argument("--target", default=None, type=cli_text,
                    help="encoder-decoder models: the decoder's text (e.g. the translation)")
-    a.add_argument("--out", required=True, help="PNG file to write")
+    a.add_argument("--out", required=True,
+                   help="PNG file to write (over one this command wrote; any other: --force)")
+    a.add_argument("--force", action="store_true", help="replace any file at --out")
     a.add_argument("--layer", type=nonneg_int, default=None, help="only this layer")
     a.add_argument("--head", type=nonneg_int, default=None, help="only this head")
     a.add_argument("--title", default=None, help="a title above the grid")
@@ -96,7 +113,9 @@ def add_explain(sub) -> None:
                        "example of attention by hand (--worked_example).")
     e.add_argument("dir", nargs="?", default=None, help="run folder (or checkpoint folder)")
     e.add_argument("--text", default=None, type=cli_text, help="the text to walk through")
-    e.add_argument("--out", required=True, help="HTML file to write")
+    e.add_argument("--out", required=True,
+                   help="HTML file to write (over one this command wrote; any other: --force)")
+    e.add_argument("--force", action="store_true", help="replace any file at --out")
     e.add_argument("--worked_example", action="store_true",
                    help="the hand calculation Q = K = I, V = [[10,20],[30,40]], d_k = 2")
     e.add_argument("--layer", type=nonneg_int, default=None,

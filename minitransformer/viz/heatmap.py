@@ -17,6 +17,7 @@ from .fonts import font_chain
 from .i18n import msg, render
 from .views import AttentionView, check_choice
 
+SOFTWARE = "minitransformer attention"  # the PNG's Software text: how attention knows its own
 MAX_TICKS = 48  # beyond this many tokens, label every n-th one
 VIEW_KEYS = {"self-attention": "heat.view.self", "encoder self-attention": "heat.view.encoder",
              "decoder self-attention": "heat.view.decoder", "cross-attention": "heat.view.cross"}
@@ -135,7 +136,7 @@ def save_attention_png(views: list[AttentionView], out, layer: int | None = None
     with plot_context(figure_texts(views, title, lang)):
         fig = attention_figure(views, layer, head, title, lang)
         try:
-            fig.savefig(out)
+            fig.savefig(out, metadata={"Software": SOFTWARE})
         except OSError as e:
             raise UserError(f"cannot write {out}: {e.strerror or e}") from None
         finally:

@@ -34,12 +34,14 @@ SERVED_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 
 ASSETS = {"explain.js": "text/javascript", "explain.css": "text/css"}  # what a server serves
 WEBFONT = "minitransformer-cjk"  # the family name of the embedded CJK subset
 
+GENERATOR = '<meta name="generator" content="minitransformer">'  # how explain knows its pages
 TEMPLATE = """<!DOCTYPE html>
 <html lang="{html_lang}">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="minitransformer">
 {icon}<title>{title}</title>
 {styles}
 </head>
