@@ -276,3 +276,24 @@ def test_export_cli_of_a_llama_shaped_run(tmp_path, capsys):
     via_hf = capsys.readouterr().out
     assert main(["sample", str(run), *args]) == 0
     assert capsys.readouterr().out == via_hf
+
+
+@pytest.mark.parametrize("changes,said", [
+    ({"vocab_size": "320"}, "sets vocab_size='320'; it must be a positive whole number"),
+    ({"num_attention_heads": 0}, "sets num_attention_heads=0; it must be a positive"),
+    ({"hidden_size": 32.0}, "sets hidden_size=32.0; it must be a positive whole number"),
+    ({"rope_parameters": None, "rope_theta": None}, "a value in it cannot be used"),
+])
+def test_a_config_value_of_the_wrong_kind_is_a_user_error(llama_folder, tmp_path, capsys,
+                                                          changes, said):
+    """Hand-edited files: each used to end in an internal error (TypeError,
+    ZeroDivisionError) with exit 1."""
+    from minitransformer.cli import main
+
+    folder = rewrite_config(llama_folder, tmp_path / "x")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)  # None stays null here
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert main(["sample", "--hf", str(folder), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

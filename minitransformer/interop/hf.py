@@ -67,18 +67,36 @@ def load_hf(path, device="cpu"):
     if is_run_config(hf_config):
         raise UserError(f"{path} holds a minitransformer run, not a Hugging Face model")
     kind = model_type(hf_config)
+    check_sizes(hf_config, folder)
     weights = read_hf_weights(folder)
-    if kind in ("gpt2", "llama", "qwen3"):  # llama.py reads both Llama and Qwen3
-        arch = gpt2 if kind == "gpt2" else llama
-        config = arch.config_from_hf(hf_config)
-        model = GPT(config)
-        state = arch.state_from_hf(weights, config)
-    else:
-        config = bert.config_from_hf(hf_config, weights)
-        model = EncoderModel(config)
-        state = bert.state_from_hf(weights, config)
+    arch = gpt2 if kind == "gpt2" else llama if kind in ("llama", "qwen3") else bert
+    try:  # llama.py reads both Llama and Qwen3
+        config = arch.config_from_hf(hf_config, weights) if arch is bert else \
+            arch.config_from_hf(hf_config)
+        model = (EncoderModel if arch is bert else GPT)(config)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{folder / 'config.json'}: a value in it cannot be used ({e})") from None
+    state = arch.state_from_hf(weights, config)
     load_mapped(model, state, str(folder))
     return model.to(device).eval()
+
+
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "intermediate_size", "max_position_embeddings", "head_dim",
+         "n_embd", "n_layer", "n_head", "n_positions", "n_inner")
+
+
+def check_sizes(hf_config: dict, folder: Path) -> None:
+    """Each size a config.json sets is a positive whole number (or null where a default
+    applies), said by name before anything is built from it."""
+    for key in SIZES:
+        value = hf_config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise UserError(f"{folder / 'config.json'} sets {key}={value!r}; it must be a "
+                            f"positive whole number")
 
 
 def save_hf(model, path, tokenizer=None) -> Path:
