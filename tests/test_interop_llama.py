@@ -297,3 +297,15 @@ def test_a_config_value_of_the_wrong_kind_is_a_user_error(llama_folder, tmp_path
     assert main(["sample", "--hf", str(folder), "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_folder_with_only_sentencepieces_file_says_how_to_get_tokenizer_json(llama_folder,
+                                                                              tmp_path,
+                                                                              capsys):
+    from minitransformer.cli import main
+
+    folder = rewrite_config(llama_folder, tmp_path / "sp")
+    (folder / "tokenizer.model").write_bytes(b"\x0a\x05piece")
+    assert main(["sample", "--hf", str(folder), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "has only SentencePiece's tokenizer.model" in err and "save_pretrained" in err

@@ -236,6 +236,10 @@ def load_hf_tokenizer(path, max_length: int | None = None) -> HFTokenizer:
             except (OSError, ValueError):
                 cfg = {}
             tok = _wordpiece(folder / "vocab.txt", bool(cfg.get("do_lower_case", True)))
+        elif (folder / "tokenizer.model").exists():
+            raise UserError(f"{folder} has only SentencePiece's tokenizer.model, which is not "
+                            f"read here: write its tokenizer.json with transformers "
+                            f"(AutoTokenizer.from_pretrained(folder).save_pretrained(folder))")
         else:
             raise UserError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json "
                             f"+ merges.txt, or vocab.txt")
