@@ -272,6 +272,11 @@ def test_utf16_text_is_named_and_an_unknown_encoding_comes_first(tmp_path, capsy
     check_user_error(capsys, train, "binary", "--encoding utf-16")
     check_user_error(capsys, [*train, "--encoding", "no-such"], "unknown encoding")
     assert main([str(a) for a in [*train, "--encoding", "utf-16"]]) == 0
+    # without a byte-order mark the order is read from where the NULs fall, Chinese too
+    for name in ("utf-16-le", "utf-16-be"):
+        path.write_text("床前明月光，疑是地上霜。\n举头望明月, low head.\n" * 40, encoding=name)
+        check_user_error(capsys, [*train[:3], "--out", tmp_path / name, *TINY],
+                         "without a byte-order mark", f"--encoding {name}")
 
 
 def test_the_worked_example_refuses_a_models_page_settings(tmp_path, capsys):

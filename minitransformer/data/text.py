@@ -75,8 +75,21 @@ def refuse_binary(source, raw: bytes) -> None:
     if not looks_binary(raw):
         return
     hint = " (UTF-16 text? pass --encoding utf-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") \
-        else "; leave it out of --data (a glob such as 'FOLDER/**/*.txt' names only the text)"
+        else f" (UTF-16 text without a byte-order mark? pass --encoding {wide})" \
+        if (wide := _utf16_order(raw[:4096])) else \
+        "; leave it out of --data (a glob such as 'FOLDER/**/*.txt' names only the text)"
     raise UserError(f"{source} looks like a binary file (it holds NUL bytes), not text{hint}")
+
+
+def _utf16_order(head: bytes) -> str | None:
+    """"utf-16-le" or "utf-16-be" where ``head`` reads as such text, else None. Its ASCII
+    characters (spaces, line ends) put their NUL bytes second (LE) or first (BE), and the
+    whole decodes to printable characters and whitespace, as binary data almost never does."""
+    head = head[:len(head) // 2 * 2]
+    name = "utf-16-le" if head[1::2].count(0) > head[0::2].count(0) else "utf-16-be"
+    text = head.decode(name, errors="replace")
+    good = sum(ch.isprintable() or ch in "\n\r\t" for ch in text)
+    return name if text and good >= 0.98 * len(text) else None
 
 
 def same_encoding(a: str, b: str) -> bool:
