@@ -496,3 +496,14 @@ def test_evaluating_new_characters_with_a_character_model_says_what_reads_them(r
     check_user_error(capsys, ["evaluate", run_dir, "--data", held_out],
                      "never saw in training: 'j', 'm', 'p', 'y', 'z'",
                      "--tokenizer bpe-chars or bpe-bytes")
+
+
+def test_noam_with_muon_takes_a_learning_rate_which_scales_muons(tmp_path, capsys):
+    """Muon's rate is noam's times muon_lr / learning_rate: there --learning_rate counts."""
+    text = files(tmp_path)["ok.txt"]
+    argv = ["train", "--data", text, "--out", tmp_path / "o", *TINY, "--lr_schedule", "noam",
+            "--optimizer", "muon", "--learning_rate", "0.01"]
+    assert main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    check_user_error(capsys, ["train", "--data", text, "--out", tmp_path / "p", *TINY,
+                              "--lr_schedule", "noam", "--optimizer", "muon", "--min_lr", "0"],
+                     "--min_lr would change nothing")

@@ -203,6 +203,12 @@ def test_a_modern_model_is_shown_with_its_own_formulas():
                                atol=1e-5, rtol=1e-5)
     assert doc == resolve(walkthrough_doc(trace, tokenizer, model.config), "en")
     resolve(walkthrough_doc(trace, tokenizer, model.config), "zh")  # every message exists
+    biased = GPT(dataclasses.replace(cfg, bias=True)).eval()  # SwiGLU's three biases
+    doc = resolve(walkthrough_doc(trace_gpt(biased, tokenizer, TEXT), tokenizer, biased.config))
+    ffn = {s["id"]: s for s in doc["steps"]}["ffn"]
+    gated = "SiLU(z W_gate + b_gate) \u2299 (z W\u2081 + b\u2081)"
+    assert f"FFN(z) = ({gated}) W\u2082 + b\u2082" in ffn["formulas"][0]
+    assert ffn["blocks"][1]["title"] == gated + " (layer {layer})"
 
 
 def test_embedded_json_cannot_break_out_of_its_script_element():
@@ -274,7 +280,7 @@ def test_a_file_of_the_users_own_is_not_written_over_unasked(run_dir, tmp_path, 
     out.write_bytes(mine)
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"--out {out} exists and was not written by this command" in err
+    assert f"--out {out} exists and does not carry this command's mark" in err
     assert "--force" in err and "Traceback" not in err and out.read_bytes() == mine
     assert main([*args, "--force"]) == 0 and out.read_bytes() != mine
     assert main(args) == 0  # ours again

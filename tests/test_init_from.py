@@ -314,7 +314,7 @@ def test_a_hugging_face_tokenizer_reads_jsonl_records_not_their_json(gpt2, tmp_p
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path):
+def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path, capsys):
     """A Llama or Qwen3 folder (grouped-query attention; Qwen3 adds QK-norm) fine-tunes as
     GPT-2 does: the first loss is transformers' loss on the same batch, and the run exports
     back as its own kind. The Qwen3 folder pads its embedding table past its tokenizer's
@@ -341,6 +341,9 @@ def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path)
                  "--dtype", "float32", "--dropout", "0", "--block_size", "32", "--max_iters",
                  "2", "--log_interval", "1", "--eval_interval", "2", "--batch_size", "8",
                  *QUICK]) == 0
+    said = capsys.readouterr()
+    assert ("384 embedding rows for its tokenizer's 320 ids; the 64 past them" in
+            said.out + said.err) == (kind == "qwen3")
     ref = transformers_first_loss(hf, folder, corpus, out)
     first = float(next(r["train_loss"] for r in read_log(out) if r["train_loss"]))
     assert first == pytest.approx(ref, rel=1e-4, abs=1e-4)

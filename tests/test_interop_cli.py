@@ -169,7 +169,7 @@ def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, caps
                        "type": "sentence_transformers.models.Dense"})
     (folder / "modules.json").write_text(json.dumps(modules))
     assert main(["embed", "--hf", str(folder), "hello"]) == 2
-    assert "has a Dense module after pooling" in capsys.readouterr().err
+    assert "has a Dense module, which embed does not implement" in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from minitransformer.config import Seq2SeqConfig, TrainConfig
 from minitransformer.data import encode_pairs, load_parallel, source_ids, split_indices
 from minitransformer.errors import UserError
 from minitransformer.models import Seq2SeqTransformer
-from minitransformer.models.decoding import greedy_decode, pad_batch
+from minitransformer.models.decoding import default_max_len, greedy_decode, pad_batch
 from minitransformer.tokenizers import BPETokenizer, tokenizer_from_dict
 from minitransformer.training import checkpoint as ckpt
 from minitransformer.training.evaluation import estimate_loss
@@ -256,8 +256,12 @@ def test_the_training_sample_is_what_translate_prints(bible):
     text = task.sample(model, tok, 200, torch.device("cpu"))
     assert text == "\n".join(f"{s}\n  -> {tok.decode(o)}"
                              for s, o in zip(sources, expected, strict=True))
-    short = task.sample(model, tok, 3, torch.device("cpu"))  # sample_tokens below: it holds
-    assert short.splitlines()[1] == f"  -> {tok.decode(expected[0][:3])}"
+    limits = default_max_len(model, src).tolist()  # each sentence's own
+    assert min(limits) < max(limits)
+    for n in (3, (min(limits) + max(limits)) // 2):  # below both, between the two: each holds
+        cut = task.sample(model, tok, n, torch.device("cpu"))
+        assert cut == "\n".join(f"{s}\n  -> {tok.decode(o[:n])}"
+                                for s, o in zip(sources, expected, strict=True))
 
 
 
@@ -267,8 +271,8 @@ def test_pieces_the_vocabulary_lacks_are_said_not_silently_read_as_unk(bible, ca
     from minitransformer.families.seq2seq import encode_sources
 
     tok, _ = bible
-    assert tok.unknown(["In the beginning.", "Y Dios dijo."]) == []
-    assert tok.unknown(["你好 God", "好 ☃"]) == ["你", "好", "☃"]
+    assert tok.unknown_pieces(["In the beginning.", "Y Dios dijo."]) == []
+    assert tok.unknown_pieces(["你好 God", "好 ☃"]) == ["你", "好", "☃"]
     ids = encode_sources(make_model(tok), tok, ["你好 God"])
     assert ids[0].count(tok.unk_id) == 2
     assert capsys.readouterr().err == ("note: the model's vocabulary has no '你', '好': each is "

@@ -234,8 +234,8 @@ def _sample_hf(args, device) -> int:
     """``sample --hf PATH``: continue a prompt with a Hugging Face GPT-2, Llama or Qwen3 folder."""
     model = load_hf(args.hf, device)
     if not isinstance(model, GPT):
-        raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2 or "
-                        f"Llama folder")
+        raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2, "
+                        f"Llama or Qwen3 folder")
     hf_tokenizer = load_hf_tokenizer(args.hf)
     # a char run's export refuses unseen characters, as the run does
     tokenizer = as_char_tokenizer(hf_tokenizer) or hf_tokenizer

@@ -36,8 +36,9 @@ def _check_out(out: str, suffix: str, force: bool) -> Path:
         except OSError as e:
             raise UserError(f"cannot read --out {out}: {e.strerror or e}") from None
         if not ours:
-            raise UserError(f"--out {out} exists and was not written by this command; give "
-                            f"another name, or pass --force to replace it")
+            raise UserError(f"--out {out} exists and does not carry this command's mark (its "
+                            f"own files do, since this version); give another name, or pass "
+                            f"--force to replace it")
     return path
 
 

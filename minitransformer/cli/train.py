@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
                     "shown are those of the default preset, cpu-small, of the GPT family "
                     "(fields of the other families: their own cpu-small); every preset's "
                     "values: minitransformer presets. A flag given wins over the preset. "
-                    "--time_budget without --preset sizes the model to the budget instead "
+                    "--time_budget without --preset sizes a GPT to the budget instead "
                     "(autosize, said when it starts). A run ends at --max_iters or its "
                     "--time_budget, whichever comes first, and its learning rate decays by "
                     "the same.")

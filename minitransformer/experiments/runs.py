@@ -168,7 +168,8 @@ def _check_launch(family: Family, cfg: TrainConfig, lora: bool, given: dict,
                   batch_known=True) -> None:
     """Refusals that need no data, made before it is read: flags the schedule never reads,
     and torchrun's processes."""
-    unread = [f"--{k}" for k in ("learning_rate", "min_lr") if k in given]
+    unread = [f"--{k}" for k in ("learning_rate", "min_lr") if k in given
+              and not (k == "learning_rate" and cfg.optimizer == "muon")]  # muon_lr / it
     if cfg.lr_schedule == "noam" and unread:
         raise UserError(f"{' and '.join(unread)} would change nothing: --lr_schedule noam "
                         f"sets the rate from d_model and --warmup_iters alone; drop it")

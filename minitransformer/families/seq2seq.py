@@ -306,9 +306,10 @@ def encode_sources(model, tokenizer, texts: list[str], what: str = "sentence"
                    ) -> list[list[int]]:
     """Source ids ending in </s>, cut to the position table when it cannot extend (said on
     stderr: the translation is then of the source's beginning only, as are unknown pieces)."""
-    if unknown := tokenizer.unknown(texts):
-        print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}: each "
-              f"is read as <unk>", file=sys.stderr)
+    if unknown := tokenizer.unknown_pieces(texts):
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}{more}: "
+              f"each is read as <unk>", file=sys.stderr)
     c = model.config
     limit = c.block_size - 1 if c.pos_encoding == "learned" else None
     if limit is not None:

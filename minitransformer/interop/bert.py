@@ -19,7 +19,8 @@ embeddings, Post-LN blocks and exact GELU. ``nn.Linear`` layouts are the same on
     cls.predictions.decoder.weight (untied only)  mlm_head.decoder.weight
 
 Not used: the pooler (a tanh layer on [CLS] for next-sentence prediction) and the
-next-sentence head; sentence embeddings here are mean-pooled instead.
+next-sentence head; sentence embeddings are pooled as the folder's sentence-transformers
+modules say (``interop/sentence.py``: mean, cls or max).
 """
 
 from __future__ import annotations

@@ -55,12 +55,14 @@ def read_pooling(folder) -> Pooling:
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     other = [k for k in kinds if k not in KNOWN_MODULES]
     if other:
-        raise UserError(f"{folder} has a {other[0]} module after pooling, which embed does "
-                        f"not implement (it reads Transformer, Pooling and Normalize)")
+        raise UserError(f"{folder} has a {other[0]} module, which embed does not implement "
+                        f"(it reads Transformer, Pooling and Normalize)")
     pooling = next((m for m, k in zip(modules, kinds, strict=True) if k == "Pooling"), None)
     mode = "mean"
     if pooling is not None:
-        config = _read_json(folder / str(pooling.get("path", "")) / "config.json",
+        if not pooling.get("path"):
+            raise UserError(f"{folder / 'modules.json'}: its Pooling module names no path")
+        config = _read_json(folder / str(pooling["path"]) / "config.json",
                             "the Pooling module's config")
         if not isinstance(config, dict):
             raise UserError(f"{folder}: the Pooling module's config.json is not an object")

@@ -5,8 +5,9 @@
     logits = MaskedLMHead(h)                                                  (masked-LM training)
 
 Every position attends to every other (no causal mask); only padding is masked out.
-A sentence embedding is the mean of h over the real tokens, L2-normalised (as
-sentence-transformers pools all-MiniLM-L6-v2).
+A sentence embedding is by default the mean of h over the real tokens, L2-normalised (as
+sentence-transformers pools all-MiniLM-L6-v2); ``embed`` also takes [CLS] or the maximum, and
+leaves out the normalisation, as a folder's modules say (interop/sentence.py).
 
 Shapes: B batch, T time, C channels (n_embd), V vocabulary size.
 """

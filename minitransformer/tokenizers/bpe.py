@@ -184,7 +184,7 @@ class BPETokenizer:
         """``encode`` for many texts at once (parallel in Rust)."""
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
-    def unknown(self, texts: list[str]) -> list[str]:
+    def unknown_pieces(self, texts: list[str]) -> list[str]:
         """The distinct pieces of ``texts`` that encode to <unk> (characters a SentencePiece-
         style vocabulary never saw), in order of use; empty where every piece is known."""
         unk = self.unk_id

@@ -27,7 +27,7 @@ import torch
 
 from ..data import bucket_batches, collate, source_ids
 from ..errors import UserError
-from ..models.decoding import default_max_len, greedy_decode, pad_batch
+from ..models.decoding import greedy_decode, pad_batch
 from .task import HEALTH_ROWS, Batch, split_rows
 
 
@@ -130,9 +130,9 @@ class Seq2SeqTask:
             return ""
         src = pad_batch(source_ids(tokenizer, self.sample_sources, self.eos_id), self.pad_id)
         # what `translate` prints (at most 1.5 x the source + 10 tokens, inside a learned
-        # position table), or fewer where sample_tokens says so: a young model that never
-        # ends a sentence would otherwise write sample_tokens at every evaluation
-        limit = None if n_tokens >= int(default_max_len(model, src).max()) else max(1, n_tokens)
-        out = greedy_decode(model, src.to(device), max_len=limit).tokens
+        # position table), cut to sample_tokens: a young model that never ends a sentence
+        # would otherwise write sample_tokens at every evaluation. Greedy decoding's first
+        # n tokens do not depend on how many follow.
+        out = [o[:max(1, n_tokens)] for o in greedy_decode(model, src.to(device)).tokens]
         return "\n".join(f"{s}\n  -> {tokenizer.decode(o)}"
                          for s, o in zip(self.sample_sources, out, strict=True))

@@ -41,7 +41,7 @@ TEMPLATE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="minitransformer">
+{generator}
 {icon}<title>{title}</title>
 {styles}
 </head>
@@ -152,8 +152,8 @@ def render_page(doc: dict, lang: str | None = None, assets: str | None = None,
     ui["switch"] = html.escape(render(msg("ui.switch", name=LANG_NAMES[other]), lang))
     parts = _inline(doc) if assets is None else _linked(assets, extra_css)
     return TEMPLATE.format(title=html.escape(render(doc.get("title", "walkthrough"), lang)),
-                           html_lang=HTML_LANG[lang], ui=ui, other=LANG_NAMES[other],
-                           data=embed_json(doc), **parts)
+                           generator=GENERATOR, html_lang=HTML_LANG[lang], ui=ui,
+                           other=LANG_NAMES[other], data=embed_json(doc), **parts)
 
 
 def write_page(doc: dict, out, lang: str | None = None) -> Path:

@@ -261,7 +261,9 @@ def step_ffn(t: ForwardTrace, config) -> dict:
     act = ACTIVATIONS.get(t.activation, t.activation)
     width = t.layers[0].ffn.hidden.shape[-1]
     swiglu, bias = t.activation == "swiglu", getattr(config, "bias", True)
-    hidden = msg("ffn.hidden_swiglu") if swiglu else \
+    b1, b2, gate = (" + b\u2081", " + b\u2082", " + b_gate") if bias else ("", "", "")
+    gated = f"SiLU(z W_gate{gate}) \u2299 (z W\u2081{b1})"  # SwiGLU's hidden layer
+    hidden = msg("ffn.hidden_swiglu", gated=gated) if swiglu else \
         msg("ffn.hidden_block" if bias else "ffn.hidden_nobias", act=act)
     blocks = [matrix("ffn-input", msg("ffn.input_block"),
                      _per_layer(t, lambda ly: ly.ffn.h), "layer", rows=rows),
@@ -272,8 +274,7 @@ def step_ffn(t: ForwardTrace, config) -> dict:
                      _per_layer(t, lambda ly: ly.ffn.out), "layer", rows=rows),
               matrix("block-output", msg("ffn.block_output"),
                      _per_layer(t, lambda ly: ly.ffn.after), "layer", rows=rows)]
-    b1, b2 = (" + b\u2081", " + b\u2082") if bias else ("", "")
-    inner = f"(SiLU(z W_gate{b1}) \u2299 (z W\u2081{b1}))" if swiglu else f"{act}(z W\u2081{b1})"
+    inner = f"({gated})" if swiglu else f"{act}(z W\u2081{b1})"
     formulas = [f"FFN(z) = {inner} W\u2082{b2}        "
                 f"(d_model {config.n_embd} \u2192 {width} \u2192 {config.n_embd})",
                 msg("ffn.pre_formula" if pre else "ffn.post_formula")]
