@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -91,6 +92,23 @@ def test_no_warning_without_a_streak(evals):
 
 
 # ---- real runs ----------------------------------------------------------------------------
+
+def test_a_resumed_run_still_says_best_against_step_0(tmp_path, capsys):
+    """A learning rate far too high: every later evaluation is worse than step 0's. The
+    checkpoint keeps step 0's val loss, so after --resume a new best is still 'since step 0'."""
+    text = corpus_path("shakespeare").read_text(encoding="utf-8")[:4000]
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    args = ["train", "--data", str(tmp_path / "t.txt"), "--out", str(tmp_path / "run"),
+            "--preset", "debug", "--learning_rate", "1", "--warmup_iters", "0",
+            "--eval_interval", "5", "--eval_iters", "2", "--sample_tokens", "0", "--quiet"]
+    assert cli.main([*args, "--max_iters", "10"]) == 0
+    first = capsys.readouterr().out
+    start = re.search(r"step 0: val loss (\S+)", first).group(1)
+    assert f"(best since step 0, saved; step 0 had {start})" in first
+    assert cli.main(["train", "--out", str(tmp_path / "run"), "--resume", "--max_iters", "40",
+                     "--quiet"]) == 0, capsys.readouterr().err
+    labels = re.findall(r"\((best [^)]*saved[^)]*)\)", capsys.readouterr().out)
+    assert labels and all(x == f"best since step 0, saved; step 0 had {start}" for x in labels)
 
 def test_tiny_corpus_large_model_overfits_and_stops_early(tmp_path, capsys):
     """2,000 characters and a 2 x 128 model: train loss keeps falling, val loss turns up."""

@@ -100,8 +100,7 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
 
 
 def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
-    out_dir = Path(out_dir)
-    has_run = check_out_dir(out_dir, resume, force)
+    has_run = check_out_dir(out_dir := Path(out_dir), resume, force)
     if resume:
         for stale in (out_dir / ckpt.CHECKPOINTS).glob(".tmp-*"):  # a save cut short
             shutil.rmtree(stale, ignore_errors=True)
@@ -184,6 +183,7 @@ class TrainingRun:
         restore_rng(state["rng"], rng, self.batch_gen)
         self.step, self.train_time = state["step"], state["train_seconds"]
         self.best, self.last_val = state["best_val_loss"], state["val_loss"]
+        self.health.start_val = state.get("start_val_loss", math.inf)
         self.last_eval = self.step
         if self.main:
             self.echo(f"resuming {self.out_dir} from step {self.step} "
@@ -337,7 +337,8 @@ class TrainingRun:
         if self.main:
             state = {"step": self.step, "train_seconds": self.train_time,
                      "best_val_loss": min(self.best, val_loss), "val_loss": val_loss,
-                     "world_size": self.info.world_size, "rng": rng_info}
+                     "world_size": self.info.world_size, "rng": rng_info,
+                     "start_val_loss": self.health.start_val}  # step 0's, for "best" labels
             ckpt.save_checkpoint(self.out_dir, self.step, weights, self.full_meta(val_loss),
                                  self.tokenizer, optimizer, state, tensors,
                                  self.cfg.keep_last,
