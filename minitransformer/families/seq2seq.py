@@ -304,8 +304,8 @@ def sample_sources(prepared: Prepared, tokenizer, n: int = 2) -> list[str]:
 
 def encode_sources(model, tokenizer, texts: list[str], what: str = "sentence"
                    ) -> list[list[int]]:
-    """Source ids ending in </s>, cut to the position table when it cannot extend (said on
-    stderr: the translation is then of the source's beginning only, as are unknown pieces)."""
+    """Source ids ending in </s>, cut to the position table when it cannot extend; that cut
+    (the translation is then of the beginning) and pieces read as <unk> are said on stderr."""
     if unknown := tokenizer.unknown_pieces(texts):
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}{more}: "
