@@ -154,7 +154,9 @@ def test_compare_same_batches_same_start_plot_and_tables(tmp_path, monkeypatch, 
                      "--preset", "debug", "--n_embd", "32", "--block_size", "16",
                      "--max-iters", "6", "--eval_interval", "3", "--eval_iters", "2",
                      "--sample_tokens", "0", "--eval-lengths", "8,16,64", "--quiet"])
-    assert code == 0, capsys.readouterr().err
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "[1/4] pos_encoding=sinusoidal: " in said.out and " parameters, 6 steps" in said.out
     keys = [(p, "pre") for p in POSITIONS]
     # the same six batches, in the same order, for every variant
     assert all(len(RecordingGPT.batches[k]) == 6 for k in keys)

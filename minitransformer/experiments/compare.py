@@ -142,8 +142,9 @@ def run_compare(family, prepared: Prepared, base: dict, variants: list[Variant],
         reseed_parameters(built.model, train_cfg.seed, built.config.init, built.init_depth)
         built.meta["compare"] = {"variant": variant.name, "fields": variant.fields}
         n_params = built.model.num_params()
-        budget = f"{train_cfg.time_budget:g}s" if train_cfg.time_budget else \
-            f"{train_cfg.max_iters} steps"
+        budget = f"{train_cfg.max_iters:,} steps"  # whichever limit comes first ends it
+        if train_cfg.time_budget:
+            budget = f"{train_cfg.time_budget:g}s or {budget}"
         echo(f"[{i}/{len(variants)}] {variant.label}: {n_params:,} parameters, {budget}")
         run_dir = out_dir / variant.name
         health = HealthGuard(early_stop=early_stop)
