@@ -70,14 +70,14 @@ def load_hf(path, device="cpu"):
     check_sizes(hf_config, folder)
     weights = read_hf_weights(folder)
     arch = gpt2 if kind == "gpt2" else llama if kind in ("llama", "qwen3") else bert
-    try:  # llama.py reads both Llama and Qwen3
+    try:  # reading the values (llama.py reads both Llama and Qwen3); sizes checked above
         config = arch.config_from_hf(hf_config, weights) if arch is bert else \
             arch.config_from_hf(hf_config)
-        model = (EncoderModel if arch is bert else GPT)(config)
-    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         if isinstance(e, UserError):
             raise
         raise UserError(f"{folder / 'config.json'}: a value in it cannot be used ({e})") from None
+    model = (EncoderModel if arch is bert else GPT)(config)
     state = arch.state_from_hf(weights, config)
     load_mapped(model, state, str(folder))
     return model.to(device).eval()
