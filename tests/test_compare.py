@@ -225,6 +225,8 @@ def test_loss_at_length_equals_direct_cross_entropy():
     (["vocab_size=300,500"], "a char tokenizer has one id per character"),
     (["n_layer=1,2", "--vocab_size=500"], "a char tokenizer has one id per character"),
     (["tokenizer=char,bpe-chars"], "every variant reads one corpus, prepared once"),
+    (["lr=0.01,0.001", "--lr_schedule=noam"], "--learning_rate would change nothing"),
+    (["lr_schedule=cosine,noam", "--min_lr=0"], "--min_lr would change nothing"),
 ])
 def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]

@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..experiments.autosize import autosize_for_train
 from ..experiments.compare import check_out_dir, parse_vary, run_compare, write_results
 from ..experiments.report import markdown_table
-from ..experiments.runs import check_char_vocabulary, split_for
+from ..experiments.runs import check_char_vocabulary, check_schedule_flags, split_for
 from ..families import FAMILIES, get_family
 from .flags import (
     ALIASES,
@@ -132,7 +132,8 @@ def _base_settings(family, args, given: dict, variants):
     for variant in variants:
         model_fields, train_fields = split_for(family, {**base, **given, **variant.fields})
         family.check_fields(model_fields)
-        config_from_dict(TrainConfig, train_fields)
+        check_schedule_flags(config_from_dict(TrainConfig, train_fields),
+                             {**given, **variant.fields})
     prepared = family.prepare(source, args.encoding, split_for(family, {**base, **given})[0],
                               args.tokenizer)
     return base, prepared

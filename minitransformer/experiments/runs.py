@@ -168,15 +168,21 @@ def _check_launch(family: Family, cfg: TrainConfig, lora: bool, given: dict,
                   batch_known=True) -> None:
     """Refusals that need no data, made before it is read: flags the schedule never reads,
     and torchrun's processes."""
-    unread = [f"--{k}" for k in ("learning_rate", "min_lr") if k in given
-              and not (k == "learning_rate" and cfg.optimizer == "muon")]  # muon_lr / it
-    if cfg.lr_schedule == "noam" and unread:
-        raise UserError(f"{' and '.join(unread)} would change nothing: --lr_schedule noam "
-                        f"sets the rate from d_model and --warmup_iters alone; drop it")
+    check_schedule_flags(cfg, given)
     distributed.check_launch(cfg, lora)
     if batch_known:  # autosize picks the batch after reading the corpus
         family.check_batch_split(cfg.batch_size, distributed.launched_world_size(),
                                  cfg.grad_accum)
+
+
+def check_schedule_flags(cfg: TrainConfig, given) -> None:
+    """--learning_rate or --min_lr given (``given``: the names set) for a schedule that never
+    reads them: the paper's noam (where Muon's rate still scales by muon_lr / learning_rate)."""
+    unread = [f"--{k}" for k in ("learning_rate", "min_lr") if k in given
+              and not (k == "learning_rate" and cfg.optimizer == "muon")]
+    if cfg.lr_schedule == "noam" and unread:
+        raise UserError(f"{' and '.join(unread)} would change nothing: --lr_schedule noam "
+                        f"sets the rate from d_model and --warmup_iters alone; drop it")
 
 
 def _note_kept_width(name: str, preset: dict, given: dict, echo) -> None:
