@@ -219,6 +219,51 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert [g["lr_scale"] for g in opt.muon.param_groups] == [20.0]  # 0.02 / 1e-3
 
 
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
+def test_newton_schulz_in_fp32_is_torchs_iteration(shape):
+    """The fp32 iteration (for CPUs that emulate bf16) is torch.optim.Muon's: the same
+    normalisation, orientation and quintic, to bf16's rounding; the singular values land in
+    the band the quintic aims for (about 0.7 .. 1.2 after five steps), not at 1."""
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_bf16
+
+    from minitransformer.training.optim import newton_schulz
+
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    coefficients = (3.4445, -4.7750, 2.0315)
+    ours = newton_schulz(g, coefficients, 5, 1e-7)
+    assert ours.dtype == torch.float32 and ours.shape == g.shape
+    torch.testing.assert_close(ours, torch_bf16(g, coefficients, 5, 1e-7).float(),
+                               atol=0.03, rtol=0)
+    s = torch.linalg.svdvals(ours.double())
+    assert 0.6 < s.min() and s.max() < 1.25
+
+
+def test_muon_on_a_cpu_without_bf16_steps_in_fp32_and_puts_torchs_back(monkeypatch):
+    from torch.optim import _muon
+
+    from minitransformer.training import optim as optim_mod
+
+    for native, expected in ((False, True), (True, False)):
+        monkeypatch.setattr(optim_mod, "cpu_has_bf16", lambda native=native: native)
+        opt = make_optimizer(gpt(), 1e-3, 0.0, (0.9, 0.99), "cpu", "muon", muon_lr=0.02)
+        assert opt.fp32_iterations is expected
+    original, real, seen = _muon._zeropower_via_newtonschulz, optim_mod.newton_schulz, []
+
+    def recording(g, *rest):
+        seen.append(tuple(g.shape))
+        return real(g, *rest)
+
+    monkeypatch.setattr(optim_mod, "newton_schulz", recording)
+    model = gpt()
+    opt = make_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "cpu", "muon", muon_lr=0.02)
+    opt.fp32_iterations = True
+    model(torch.randint(0, 23, (2, 8)), torch.randint(0, 23, (2, 8)))[1].backward()
+    opt.step()
+    hidden = [tuple(p.shape) for _, p in muon_parameters(model)]
+    assert sorted(seen) == sorted(hidden)  # every hidden matrix, through ours
+    assert _muon._zeropower_via_newtonschulz is original  # torch's again after the step
+
+
 def test_an_untied_head_stays_with_adamw():
     model = gpt(tie_weights=False)
     assert "lm_head.weight" not in {n for n, _ in muon_parameters(model)}
