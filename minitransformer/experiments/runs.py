@@ -295,11 +295,6 @@ def resumed_run(req: TrainRequest):
     return family, prepared, built, train_cfg, meta
 
 
-def _progress(cfg: TrainConfig, step: int, seconds: float) -> float:
-    """As the run computes it: the limit it is nearer to, step or time."""
-    return max(step / cfg.max_iters, seconds / cfg.time_budget if cfg.time_budget else 0)
-
-
 def resume_notes(meta: dict, state: dict, train_cfg: TrainConfig, model) -> list[str]:
     """What a resume changes in the schedule, said before training (empty when nothing)."""
     old = train_config(meta)
@@ -308,8 +303,8 @@ def resume_notes(meta: dict, state: dict, train_cfg: TrainConfig, model) -> list
                if getattr(old, k) != getattr(train_cfg, k)]
     if not changed:
         return []
-    before = learning_rate(old, step, _progress(old, step, seconds), model)
-    after = learning_rate(train_cfg, step, _progress(train_cfg, step, seconds), model)
+    before = learning_rate(old, step, seconds, model)
+    after = learning_rate(train_cfg, step, seconds, model)
     what = ", ".join(f"{k} {getattr(old, k)} -> {getattr(train_cfg, k)}" for k in changed)
     if step < train_cfg.warmup_iters and train_cfg.lr_schedule != "noam":
         return [f"resume changes the schedule ({what}): at step {step} the run is still "

@@ -113,7 +113,9 @@ def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
 
 
-def learning_rate(cfg: TrainConfig, step: int, progress: float, model) -> float:
+def learning_rate(cfg: TrainConfig, step: int, seconds: float, model) -> float:
+    """The rate at ``step`` after ``seconds``: noam, or cosine over the nearer limit's share."""
+    progress = max(step / cfg.max_iters, seconds / cfg.time_budget if cfg.time_budget else 0)
     if cfg.lr_schedule == "noam":  # the paper's schedule; learning_rate is unused
         return noam_lr(step + 1, ckpt.unwrap(model).config.n_embd, max(cfg.warmup_iters, 1))
     return cosine_lr(step, progress, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters)
@@ -223,9 +225,7 @@ class TrainingRun:
     # ---- one optimizer step ------------------------------------------------------------
 
     def get_lr(self) -> float:
-        budget = self.cfg.time_budget  # the run ends at whichever limit it reaches first
-        progress = max(self.step / self.cfg.max_iters, self.train_time / budget if budget else 0)
-        return learning_rate(self.cfg, self.step, progress, self.model)
+        return learning_rate(self.cfg, self.step, self.train_time, self.model)
 
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """One optimizer step; returns (this rank's share of the loss, grad norm, log now?)."""
