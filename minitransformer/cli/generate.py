@@ -57,7 +57,8 @@ def add_sample(sub) -> None:
                    help="a local Hugging Face GPT-2, Llama or Qwen3 folder instead of a run "
                         "folder (default none)")
     s.add_argument("--prompt", default="\n", type=cli_text,
-                   help="text to continue (default a newline)")
+                   help="text to continue (default a newline); a tokenizer that starts "
+                        "every text with a token, as Llama's <s>, puts it first")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
                    help="tokens to generate per sample (default 500)")
     s.add_argument("--num-samples", "--num_samples", type=positive_int, default=1,
@@ -226,7 +227,8 @@ def cmd_sample(args) -> int:
     run = load_run(args.dir, args.which or "best", device)
     run.family.require("sample")
     decoding_threads(run.model, device, args.num_samples)
-    _write_samples(run.model, run.tokenizer, run.tokenizer.encode(args.prompt), args, device)
+    ids = run.tokenizer.encode_prompt(args.prompt)  # Llama's <s> first, as transformers does
+    _write_samples(run.model, run.tokenizer, ids, args, device)
     return 0
 
 
@@ -239,7 +241,7 @@ def _sample_hf(args, device) -> int:
     hf_tokenizer = load_hf_tokenizer(args.hf)
     # a char run's export refuses unseen characters, as the run does
     tokenizer = as_char_tokenizer(hf_tokenizer) or hf_tokenizer
-    ids = tokenizer.encode(args.prompt)
+    ids = tokenizer.encode_prompt(args.prompt)  # Llama's <s> first, as transformers does
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     if max(ids) >= model.config.vocab_size:

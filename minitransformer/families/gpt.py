@@ -83,7 +83,7 @@ class GPTFamily(StreamFamily):
                 where]
 
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
-        return self_attention_views(model, tokenizer, text, target)
+        return self_attention_views(model, tokenizer, text, target, prompt=True)
 
     def explain(self, model, tokenizer, text: str, layer: int, head: int, top_k: int,
                 source: str) -> dict:

@@ -32,6 +32,7 @@ from tokenizers import (
 
 from ..errors import UserError
 from ..tokenizers import CharTokenizer
+from ..tokenizers.prompt import prompt_ids
 
 
 class HFTokenizer:
@@ -50,6 +51,10 @@ class HFTokenizer:
     def encode(self, text: str, special_tokens: bool = False) -> list[int]:
         """Ids of ``text``; ``special_tokens`` adds the model's own ([CLS] ... [SEP] for BERT)."""
         return self.tokenizer.encode(text, add_special_tokens=special_tokens).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of ``text`` to continue: after the leading specials of a post-processor."""
+        return prompt_ids(self.tokenizer, text)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -52,7 +52,7 @@ def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> li
         raise APIError(400, "the prompt is empty: give at least one character", param,
                        "empty_prompt")
     try:
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode_prompt(prompt)  # Llama's <s> first, as transformers does
     except (UserError, ValueError, KeyError) as e:  # a char tokenizer's unseen characters
         raise APIError(400, f"{param}: {e}", param, "unknown_characters") from None
     if not ids:

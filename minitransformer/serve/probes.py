@@ -21,7 +21,7 @@ from .errors import APIError
 
 def encode(tokenizer, text: str) -> list[int]:
     try:
-        ids = tokenizer.encode(text)
+        ids = tokenizer.encode_prompt(text)  # as completions read the prompt
     except (UserError, ValueError, KeyError) as e:
         raise APIError(400, f"text: {e}", "text", "unknown_characters") from None
     if not ids:

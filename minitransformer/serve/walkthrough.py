@@ -75,9 +75,9 @@ def explain(run, req: WalkthroughRequest, lang: str) -> tuple[str, dict]:
 def last_tokens(run, text: str) -> tuple[str, int]:
     """(the end of ``text`` that fits the page and the model's window, tokens left out).
     The cut starts at a whole character: byte-level BPE may split one between tokens."""
-    limit = min(run.model.config.block_size, DISPLAY_TOKENS)
     tok = run.tokenizer
-    try:
+    try:  # the page reads the text as a prompt: room for a start token such as Llama's <s>
+        limit = min(run.model.config.block_size, DISPLAY_TOKENS) - len(tok.encode_prompt(""))
         ids = tok.encode(text)
     except Exception:  # noqa: BLE001 - unseen characters: explain says so, naming them
         return text, 0

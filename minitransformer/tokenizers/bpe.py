@@ -46,18 +46,18 @@ from collections.abc import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import UserError
+from .prompt import prompt_ids
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3 after training
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # the byte-fallback vocabulary
 # Share of the non-byte vocabulary the character-initial alphabet may fill; the rest is left
 # to merges. bench/tokenizers_zh.py measured 0.6-0.8 best on the bundled Chinese corpora.
 ALPHABET_SHARE = 0.7
-# The share of the training text's characters that the alphabet must cover, the most frequent
-# characters first (SentencePiece's character_coverage); the rarest characters, making up the
-# rest, are spelt in bytes, whose tokens every rare character of a Unicode block shares,
-# instead of each taking a symbol trained on a handful of examples. bench/tokenizers_zh.py
-# measured 0.95 best of 0.95, 0.975 and 0.99 (and lower ones encode longer than byte-level
-# BPE); it leaves out the characters seen under about 10 times in sayings, 3 in tang.
+# The share of the text's characters the alphabet must cover, most frequent first
+# (SentencePiece's character_coverage); the rarest are spelt in bytes, sharing their Unicode
+# block's byte tokens. bench/tokenizers_zh.py measured 0.95 best of 0.95, 0.975 and 0.99 (lower
+# ones encode longer than byte-level BPE); it leaves out characters seen under about 10 times
+# in sayings, 3 in tang.
 CHAR_COVERAGE = 0.95
 # The pieces of character-initial BPE: a run of letters, marks and digits (one space before
 # it joined on), or a run of anything else up to and including a line end. A newline always
@@ -179,6 +179,9 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; no special tokens are added."""
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:  # after the leading specials (prompt.py)
+        return prompt_ids(self.hf, text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """``encode`` for many texts at once (parallel in Rust)."""

@@ -44,6 +44,9 @@ class CharTokenizer:
                 f"{shown}{more}")
         return [self.stoi[ch] for ch in text]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)  # no special tokens begin a text
+
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 

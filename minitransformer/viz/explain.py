@@ -21,7 +21,7 @@ def explain_gpt(model, tokenizer, text: str, layer: int = 0, head: int = 0,
     if top_k < 1:
         raise UserError("--top_k must be at least 1")
     limit = min(c.block_size, DISPLAY_TOKENS)
-    ids = encode_text(tokenizer, text, c.block_size)
+    ids = encode_text(tokenizer, text, c.block_size, prompt=True)
     if len(ids) > limit:
         raise UserError(f"the text is {len(ids)} tokens long; the walkthrough shows at most "
                         f"{limit}: shorten it")

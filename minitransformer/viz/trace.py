@@ -70,11 +70,14 @@ def token_labels(tokenizer, ids, special: dict[int, str] | None = None) -> list[
     return [special[int(i)] if int(i) in special else _label(tokenizer, int(i)) for i in ids]
 
 
-def encode_text(tokenizer, text: str, max_len: int, what: str = "text") -> list[int]:
-    """Token ids of ``text``, refusing empty text and text longer than the model's context."""
+def encode_text(tokenizer, text: str, max_len: int, what: str = "text",
+                prompt: bool = False) -> list[int]:
+    """Token ids of ``text``, refusing empty text and text longer than the model's context.
+    ``prompt``: as a decoder-only model reads a prompt (Llama's <s> first; tokenizers/prompt.py)."""
     if not text:
         raise UserError(f"the {what} is empty: give at least one character")
-    ids = tokenizer.encode(text)  # raises UnknownCharactersError (a UserError)
+    # raises UnknownCharactersError (a UserError)
+    ids = tokenizer.encode_prompt(text) if prompt else tokenizer.encode(text)
     if not ids:
         raise UserError(f"the {what} encodes to no tokens")
     if len(ids) > max_len:
@@ -219,7 +222,7 @@ def trace_gpt(model, tokenizer, text: str) -> ForwardTrace:
     """Run a decoder-only model on ``text`` and lay out every step of its forward pass."""
     model.eval()
     c = model.config
-    ids = encode_text(tokenizer, text, c.block_size)
+    ids = encode_text(tokenizer, text, c.block_size, prompt=True)
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
     logits, _, internals = model(idx, return_internals=True)

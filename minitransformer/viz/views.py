@@ -49,15 +49,17 @@ def _stack(maps: list[torch.Tensor]) -> torch.Tensor:
 
 @torch.no_grad()
 def self_attention_views(model, tokenizer, text: str, target: str | None = None,
-                         ids: list[int] | None = None, special: dict[int, str] | None = None):
+                         ids: list[int] | None = None, special: dict[int, str] | None = None,
+                         prompt: bool = False):
     """One stack's self-attention: masked for a decoder-only GPT, bidirectional for an
     encoder-only (BERT-style) model. ``ids``: the text's ids where the caller encoded it
-    (an encoder's [MASK] slots), labelled by ``special`` where it names them."""
+    (an encoder's [MASK] slots), labelled by ``special`` where it names them; ``prompt``:
+    read as a decoder-only model reads a prompt (``encode_text``)."""
     if target is not None:
         raise UserError("--target is for encoder-decoder models; this one has a single stack")
     model.eval()
     if ids is None:
-        ids = encode_text(tokenizer, text, model.config.block_size)
+        ids = encode_text(tokenizer, text, model.config.block_size, prompt=prompt)
     device = next(model.parameters()).device
     _, _, internals = model(torch.tensor([ids], device=device), return_internals=True)
     labels = token_labels(tokenizer, ids, special)

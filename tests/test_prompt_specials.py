@@ -1,0 +1,174 @@
+"""Prompts begin as the model's tokenizer begins a text: a tokenizer.json post-processor's
+leading special tokens (Llama's ``<s>``) come first, as transformers' ``tokenizer(text)`` puts
+them; its trailing ones never do; our own tokenizers add nothing.
+
+References: transformers' ``PreTrainedTokenizerFast`` and ``LlamaForCausalLM.generate`` on
+the same folder (random weights, no network)."""
+
+import json
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+from minitransformer.cli import main
+from minitransformer.families import load_run
+from minitransformer.interop import load_hf, load_hf_tokenizer
+from minitransformer.tokenizers import BPETokenizer, CharTokenizer
+from minitransformer.tokenizers.prompt import leading_specials, prompt_ids
+from minitransformer.training.checkpoint import write_model_files
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+WORDS = ["<unk>", "<s>", "</s>", "[CLS]", "[SEP]", *"abcdefghijklmnopqrstuvwxyz ,.!?"]
+
+
+def word_tokenizer(post_processor=None) -> Tokenizer:
+    """One id per character (ids 0-4 the specials), with ``post_processor`` if given."""
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(WORDS[:5])
+    if post_processor is not None:
+        tok.post_processor = post_processor
+    return tok
+
+
+LLAMA = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+
+
+@pytest.mark.parametrize("post_processor,lead", [
+    (None, []),
+    (LLAMA, [1]),
+    (processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1),
+                                                                         ("</s>", 2)]), [1]),
+    (processors.BertProcessing(("[SEP]", 4), ("[CLS]", 3)), [3]),
+    (processors.ByteLevel(trim_offsets=False), []),
+])
+def test_leading_specials_are_the_post_processors_and_never_its_trailing_ones(post_processor,
+                                                                              lead):
+    tok = word_tokenizer(post_processor)
+    assert leading_specials(tok) == lead
+    text_ids = tok.encode("to be", add_special_tokens=False).ids
+    assert prompt_ids(tok, "to be") == lead + text_ids
+    assert BPETokenizer(tok).encode_prompt("to be") == lead + text_ids
+
+
+def test_a_prompt_that_begins_with_its_start_token_gets_no_second_one():
+    tok = word_tokenizer(LLAMA)
+    assert prompt_ids(tok, "<s>to be") == tok.encode("<s>to be", add_special_tokens=False).ids
+    assert prompt_ids(tok, "<s>to be")[:2] == [1, WORDS.index("t")]
+
+
+def test_our_own_tokenizers_add_nothing():
+    text = "To be, or not to be"
+    char = CharTokenizer.fit(text)
+    assert char.encode_prompt(text) == char.encode(text)
+    bpe = BPETokenizer.train([text] * 20, 300)
+    assert bpe.encode_prompt(text) == bpe.encode(text)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A small random LlamaForCausalLM whose tokenizer.json puts <s> first, as Llama's does."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("llama") / "hf"
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    word_tokenizer(LLAMA).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    return model, folder
+
+
+def hf_greedy(model, folder, prompt: str, n: int) -> str:
+    """transformers' own path: tokenizer(prompt), then generate, decoded past the prompt."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == 1  # transformers put <s> first
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)
+    return tok.decode(out[0, ids.shape[1]:])
+
+
+def test_sample_hf_continues_what_transformers_generate_continues(llama_folder, capsys):
+    model, folder = llama_folder
+    prompt = "to be"  # a longer one washes out what <s> changes in this random model
+    expected = hf_greedy(model, folder, prompt, 12)
+    assert main(["sample", "--hf", str(folder), "--prompt", prompt, "--max-new-tokens", "12",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == prompt + expected + "\n"
+
+
+@pytest.fixture(scope="module")
+def llama_run(llama_folder, tmp_path_factory):
+    """A run holding the folder's model and tokenizer, as ``train --init_from`` keeps them."""
+    _, folder = llama_folder
+    ours = load_hf(folder)
+    run = tmp_path_factory.mktemp("run") / "run"
+    write_model_files(run, ours, {"family": "gpt", "model": ours.config.__dict__},
+                      BPETokenizer(load_hf_tokenizer(folder).tokenizer))
+    return run
+
+
+def test_a_run_from_a_llama_folder_samples_and_serves_from_its_start_token(llama_folder,
+                                                                           llama_run, capsys):
+    """``sample`` and ``serve``'s completions continue <s> + prompt; the playground's token
+    view and its inspector count the same tokens."""
+    import urllib.request
+
+    from minitransformer.serve import Settings, create_app, running
+
+    model, folder = llama_folder
+    prompt = "to be"
+    expected = hf_greedy(model, folder, prompt, 8)
+    assert main(["sample", str(llama_run), "--prompt", prompt, "--max-new-tokens", "8",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == prompt + expected + "\n"
+
+    def post(url, path, body):
+        req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    with running(create_app(load_run(llama_run), Settings(model_id="m"))) as url:
+        done = post(url, "v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 8,
+                                            "temperature": 0})
+        assert done["choices"][0]["text"] == expected
+        assert done["usage"]["prompt_tokens"] == len(prompt) + 1  # <s> and a token a letter
+        assert post(url, "api/tokenize", {"text": prompt})["ids"][:2] == [1, WORDS.index("t")]
+        seen = post(url, "api/inspect", {"text": prompt, "position": -1, "top": 1})
+        assert seen["position"] == len(prompt) and seen["offset"] == 0
+
+
+def test_the_pages_of_a_llama_run_show_the_forward_pass_sample_runs(llama_run):
+    """The attention map and the walkthrough read the text as sample reads a prompt: <s>
+    first (where a Llama's heads gather much of their attention); a text cut to fit the
+    walkthrough leaves room for it."""
+    from minitransformer.serve.walkthrough import last_tokens
+    from minitransformer.viz.walkthrough import DISPLAY_TOKENS
+
+    run = load_run(llama_run)
+    view = run.family.attention_views(run.model, run.tokenizer, "to be")[0]
+    assert view.query_labels == ["<s>", "t", "o", "␣", "b", "e"] and view.weights.shape[-1] == 6
+    doc = run.family.explain(run.model, run.tokenizer, "to be", 0, 0, 3, "")
+    tokens = next(b["tokens"] for b in doc["steps"][0]["blocks"] if b["kind"] == "tokens")
+    assert [t["label"] if isinstance(t, dict) else t for t in tokens][:2] == ["<s>", "t"]
+    long = "to be or not to be " * 20
+    kept, dropped = last_tokens(run, long)
+    limit = min(run.model.config.block_size, DISPLAY_TOKENS)
+    assert len(kept) == limit - 1 and dropped == len(long) - limit + 1
+    run.family.explain(run.model, run.tokenizer, kept, 0, 0, 3, "")  # fits, <s> and all
