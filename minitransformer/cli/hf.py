@@ -14,6 +14,7 @@ from pathlib import Path
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import load_run
+from ..families.pretrained import source_roles
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
 from ..interop.sentence import Pooling, read_pooling
@@ -114,7 +115,7 @@ def cmd_export(args) -> int:
     check_export_folder(args.hf, args.force)
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("export")
-    folder = save_hf(run.model, args.hf, run.tokenizer)
+    folder = save_hf(run.model, args.hf, run.tokenizer, source_roles(run.meta))
     print(f"wrote {folder}/ (config.json, model.safetensors, tokenizer.json, ...): "
           f"{describe(run.model)}")
     print(f"try it: minitransformer sample --hf {folder} --prompt ...; or in Python "

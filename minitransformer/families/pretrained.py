@@ -54,7 +54,8 @@ class Source:
             out["model_type"] = self.meta.get("model_type")
         else:
             out["step"] = self.meta.get("step")
-        return out
+        roles = self.meta.get("special_tokens") if self.kind == "hf" else source_roles(self.meta)
+        return {**out, "special_tokens": roles} if roles else out
 
     def describe(self) -> str:
         if self.kind == "hf":
@@ -62,6 +63,16 @@ class Source:
                     f"({self.tokenizer.vocab_size:,}-id tokenizer)")
         return (f"{self.family.title} run {self.path} (step {self.meta.get('step', '?')}, "
                 f"{self.tokenizer.kind} tokenizer)")
+
+
+def source_roles(meta: dict) -> dict[str, str]:
+    """The roles of the special tokens ({"eos_token": "<|im_end|>", ...}) in the Hugging Face
+    folder a run's chain of ``--init_from`` began with, as its config.json recorded them
+    ({} for none); ``export`` writes them back."""
+    origin = meta.get("init_from")
+    roles = origin.get("special_tokens") if isinstance(origin, dict) else None
+    return {k: v for k, v in roles.items() if isinstance(v, str)} \
+        if isinstance(roles, dict) else {}
 
 
 def read_source(path) -> Source:
@@ -133,7 +144,7 @@ def _hf_source(folder: Path, meta: dict) -> Source:
         raise UserError(f"--init_from {folder}: a {type(model).__name__} cannot be trained")
     return Source(folder, "hf", family, dataclasses.replace(model.config),
                   dict(model.state_dict()), _ours(tokenizer),
-                  {"model_type": meta.get("model_type")})
+                  {"model_type": meta.get("model_type"), "special_tokens": tokenizer.roles})
 
 
-__all__ = ["Source", "read_source", "read_tokenizer_source"]
+__all__ = ["Source", "read_source", "read_tokenizer_source", "source_roles"]

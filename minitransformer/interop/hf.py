@@ -99,7 +99,7 @@ def check_sizes(hf_config: dict, folder: Path) -> None:
                             f"positive whole number")
 
 
-def save_hf(model, path, tokenizer=None) -> Path:
+def save_hf(model, path, tokenizer=None, roles: dict[str, str] | None = None) -> Path:
     """Write our ``GPT`` as a folder that ``AutoModelForCausalLM.from_pretrained`` loads:
     a ``LlamaForCausalLM`` when the GPT is Llama-shaped (see ``architecture``;
     ``Qwen3ForCausalLM`` with qk_norm), else a ``GPT2LMHeadModel``.
@@ -108,7 +108,9 @@ def save_hf(model, path, tokenizer=None) -> Path:
     ...). ``tokenizer`` (char, BPE or one read by ``load_hf_tokenizer``) is saved with the
     same ids as tokenizer.json, tokenizer_config.json and special_tokens_map.json
     (``AutoTokenizer.from_pretrained`` loads them); its special tokens give config.json and
-    generation_config.json their bos / eos ids. Files already in ``path`` of those names are
+    generation_config.json their bos / eos ids; ``roles`` ({"eos_token": "<|im_end|>", ...}):
+    those of the folder the run started from, where they differ from the names' usual roles
+    (``exported_tokenizer``). Files already in ``path`` of those names are
     replaced, others left alone; callers that must not replace them call
     ``check_export_folder`` first, as ``export`` does.
     """
@@ -118,7 +120,7 @@ def save_hf(model, path, tokenizer=None) -> Path:
     folder = check_export_folder(path, force=True)  # only a file is refused here
     arch = architecture(model.config)
     hf_config = arch.config_to_hf(model.config)
-    tok = None if tokenizer is None else exported_tokenizer(tokenizer)
+    tok = None if tokenizer is None else exported_tokenizer(tokenizer, roles)
     files, generation = _tokenizer_files(tok, model.config)
     hf_config.update(generation)
     tensors = arch.state_to_hf(model.state_dict(), model.config)

@@ -32,7 +32,7 @@ from tokenizers import (
 
 from ..errors import UserError
 from ..tokenizers import CharTokenizer
-from ..tokenizers.prompt import prompt_ids
+from ..tokenizers.prompt import leading_specials, prompt_ids
 
 
 class HFTokenizer:
@@ -40,9 +40,11 @@ class HFTokenizer:
 
     kind = "hf"
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int | None = None):
+    def __init__(self, tokenizer: Tokenizer, max_length: int | None = None,
+                 roles: dict[str, str] | None = None):
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.roles = roles or {}  # {"bos_token": "<s>", ...}: the folder's, as it names them
 
     @property
     def vocab_size(self) -> int:
@@ -98,6 +100,8 @@ SPECIAL_ROLES = {
     "[PAD]": ("pad_token",), "[UNK]": ("unk_token",), "[CLS]": ("cls_token",),
     "[SEP]": ("sep_token",), "[MASK]": ("mask_token",),
 }
+ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "cls_token", "sep_token",
+         "mask_token")
 
 
 def char_stand_in(chars: list[str]) -> str:
@@ -162,9 +166,15 @@ class ExportedTokenizer:
                 "special_tokens_map.json": dict(self.specials)}
 
 
-def _special_roles(tok: Tokenizer) -> dict[str, str]:
-    """Role -> token for the special tokens ``tok`` declares, the lowest id first."""
-    roles: dict[str, str] = {}
+def _special_roles(tok: Tokenizer, given: dict[str, str] | None = None) -> dict[str, str]:
+    """Role -> token for the special tokens ``tok`` declares: the roles ``given`` (a source
+    folder's) where their token is one of them, then the post-processor's leading token as
+    bos_token (Llama 3's <|begin_of_text|>), then by name (``SPECIAL_ROLES``), lowest id first."""
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    roles = {role: token for role, token in (given or {}).items() if token in specials}
+    lead = leading_specials(tok)
+    if lead:
+        roles.setdefault("bos_token", tok.id_to_token(lead[0]))
     for _, added in sorted(tok.get_added_tokens_decoder().items()):
         if added.special:
             for role in SPECIAL_ROLES.get(added.content, ()):
@@ -172,8 +182,26 @@ def _special_roles(tok: Tokenizer) -> dict[str, str]:
     return roles
 
 
-def exported_tokenizer(tokenizer) -> ExportedTokenizer:
-    """Ours (char, BPE) or one read by ``load_hf_tokenizer``, ready to write for transformers.
+def folder_roles(folder: Path) -> dict[str, str]:
+    """{role: token} as a Hugging Face folder names its special tokens (tokenizer_config.json,
+    then special_tokens_map.json); a token may be written as {"content": token, ...}."""
+    roles: dict[str, str] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            found = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for role in ROLES if isinstance(found, dict) else ():
+            token = found.get(role)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str) and token:
+                roles.setdefault(role, token)
+    return roles
+
+
+def exported_tokenizer(tokenizer, roles: dict[str, str] | None = None) -> ExportedTokenizer:
+    """Ours (char, BPE) or one read by ``load_hf_tokenizer``, ready to write for transformers;
+    ``roles``: the special tokens' roles in the folder a run started from (``folder_roles``).
 
     Only tokens the tokenizer already marks special get a role: a char tokenizer has none (its
     stand-in for unknown characters is an ordinary character, which ``decode(...,
@@ -185,7 +213,8 @@ def exported_tokenizer(tokenizer) -> ExportedTokenizer:
     if not isinstance(inner, Tokenizer):
         raise UserError(f"a {type(tokenizer).__name__} cannot be written as a Hugging Face "
                         f"tokenizer.json")
-    return ExportedTokenizer(inner, _special_roles(inner))
+    return ExportedTokenizer(inner, _special_roles(inner, roles or getattr(tokenizer, "roles",
+                                                                           None)))
 
 
 def _gpt2_bpe(vocab: Path, merges: Path) -> Tokenizer:
@@ -252,4 +281,4 @@ def load_hf_tokenizer(path, max_length: int | None = None) -> HFTokenizer:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
         raise UserError(f"cannot read the tokenizer in {folder}: {e}") from None
-    return HFTokenizer(tok, limit)
+    return HFTokenizer(tok, limit, folder_roles(folder))

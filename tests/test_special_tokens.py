@@ -1,6 +1,9 @@
-"""Prompts begin as the model's tokenizer begins a text: a tokenizer.json post-processor's
+"""Special tokens of Hugging Face tokenizers, through sample, serve, the pages and export.
+
+Prompts begin as the model's tokenizer begins a text: a tokenizer.json post-processor's
 leading special tokens (Llama's ``<s>``) come first, as transformers' ``tokenizer(text)`` puts
-them; its trailing ones never do; our own tokenizers add nothing.
+them; its trailing ones never do; our own tokenizers add nothing. ``export`` gives special
+tokens the roles the source folder gave them (Qwen-instruct's ``<|im_end|>`` as eos_token).
 
 References: transformers' ``PreTrainedTokenizerFast`` and ``LlamaForCausalLM.generate`` on
 the same folder (random weights, no network)."""
@@ -24,12 +27,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 WORDS = ["<unk>", "<s>", "</s>", "[CLS]", "[SEP]", *"abcdefghijklmnopqrstuvwxyz ,.!?"]
 
 
-def word_tokenizer(post_processor=None) -> Tokenizer:
-    """One id per character (ids 0-4 the specials), with ``post_processor`` if given."""
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+def word_tokenizer(post_processor=None, specials=WORDS[:5]) -> Tokenizer:
+    """One id per character (ids 0-4 the ``specials``), with ``post_processor`` if given."""
+    words = [*specials, *WORDS[5:]]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(WORDS[:5])
+    tok.add_special_tokens(list(specials))
     if post_processor is not None:
         tok.post_processor = post_processor
     return tok
@@ -172,3 +176,62 @@ def test_the_pages_of_a_llama_run_show_the_forward_pass_sample_runs(llama_run):
     limit = min(run.model.config.block_size, DISPLAY_TOKENS)
     assert len(kept) == limit - 1 and dropped == len(long) - limit + 1
     run.family.explain(run.model, run.tokenizer, kept, 0, 0, 3, "")  # fits, <s> and all
+
+
+QWEN = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim|>", "<|box|>"]
+TEXT = "to be, or not to be, that is the question.\n" * 40
+
+
+def exported_roles(folder) -> tuple[dict, dict]:
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    return ({k: config.get(k) for k in ("bos_token", "eos_token", "pad_token")},
+            {k: generation.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+
+
+def test_export_writes_back_the_source_folders_roles_through_a_chain_of_runs(llama_folder,
+                                                                             tmp_path):
+    """A Qwen-instruct-style folder says eos_token <|im_end|>; by name alone <|endoftext|>
+    would take both bos and eos. Two runs on (the second from the first), the export says
+    what the folder said, and transformers' tokenizer and generate read it."""
+    import transformers
+
+    _, llama = llama_folder
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((llama / "model.safetensors").read_bytes())
+    (folder / "config.json").write_text((llama / "config.json").read_text())
+    word_tokenizer(specials=QWEN).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+         "eos_token": {"content": "<|im_end|>", "special": True},
+         "pad_token": "<|endoftext|>"}))
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT)
+    common = ["--data", str(data), "--block_size", "16", "--batch_size", "2", "--max_iters",
+              "1", "--eval_iters", "1", "--sample_tokens", "0", "--quiet"]
+    assert main(["train", "--init_from", str(folder), "--out", str(tmp_path / "a"),
+                 *common]) == 0
+    assert main(["train", "--init_from", str(tmp_path / "a"), "--out", str(tmp_path / "b"),
+                 *common]) == 0
+    for run in ("a", "b"):
+        assert main(["export", str(tmp_path / run), "--hf", str(tmp_path / f"{run}-hf")]) == 0
+        tokens, ids = exported_roles(tmp_path / f"{run}-hf")
+        assert tokens == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+                          "pad_token": "<|endoftext|>"}
+        assert ids == {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "b-hf")
+    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
+
+
+def test_export_names_a_post_processors_start_token_bos(tmp_path):
+    """Llama 3's <|begin_of_text|> has no usual name: the post-processor that puts it first
+    makes it bos_token."""
+    from minitransformer.interop.tokenizer import exported_tokenizer
+
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|x|>", "<|y|>", "<|z|>"]
+    lead = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                         special_tokens=[("<|begin_of_text|>", 0)])
+    assert exported_tokenizer(BPETokenizer(word_tokenizer(lead, specials))).specials == \
+        {"bos_token": "<|begin_of_text|>"}
+    assert exported_tokenizer(BPETokenizer(word_tokenizer(None, specials))).specials == {}
