@@ -153,6 +153,41 @@ def test_embed_pools_as_the_folders_sentence_transformers_modules_say(minilm_pat
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("setting", ["prompt", "lowercase"])
+def test_embed_reads_the_folders_default_prompt_and_lowercasing(minilm_path, tmp_path, capsys,
+                                                                setting):
+    """config_sentence_transformers.json's default prompt goes before every sentence, and
+    sentence_bert_config.json's do_lower_case lowercases the text (here with a cased
+    tokenizer, which would otherwise read "EATING" in other tokens), as
+    SentenceTransformer.encode does; both used to be left out."""
+    import shutil
+
+    st = pytest.importorskip("sentence_transformers")
+    folder = tmp_path / "st"
+    shutil.copytree(minilm_path, folder)
+
+    def edit(name, **changes):
+        data = json.loads((folder / name).read_text())
+        data.update(changes)
+        (folder / name).write_text(json.dumps(data))
+
+    if setting == "prompt":
+        edit("config_sentence_transformers.json", prompts={"query": "query: "},
+             default_prompt_name="query")
+    else:
+        tok = json.loads((folder / "tokenizer.json").read_text())
+        tok["normalizer"]["lowercase"] = False
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
+        edit("tokenizer_config.json", do_lower_case=False)
+        edit("sentence_bert_config.json", do_lower_case=True)
+    sentences = ["A MAN IS EATING FOOD.", "The girl is carrying a baby."]
+    assert main(["embed", "--hf", str(folder), "--json", *sentences]) == 0
+    ours = torch.tensor(json.loads(capsys.readouterr().out)["embeddings"])
+    theirs = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu")
+                              .encode(sentences))
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
 def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, capsys):
     import shutil
 
@@ -170,6 +205,12 @@ def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, caps
     (folder / "modules.json").write_text(json.dumps(modules))
     assert main(["embed", "--hf", str(folder), "hello"]) == 2
     assert "has a Dense module, which embed does not implement" in capsys.readouterr().err
+    folder = tmp_path / "prompts"
+    shutil.copytree(minilm_path, folder)
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "passage"}))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2
+    assert "default_prompt_name 'passage' names no prompt" in _one_line_error(capsys)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from ..families import load_run
 from ..families.pretrained import source_roles
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
-from ..interop.sentence import Pooling, read_pooling
+from ..interop.sentence import Pooling, read_pooling, sentence_texts
 from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
 from ..training import checkpoint as ckpt
@@ -28,9 +28,11 @@ from .flags import HelpFormatter, add_device, add_run_dir, cli_text
 def add_embed(sub) -> None:
     e = sub.add_parser(
         "embed", help="sentence embeddings from a BERT-style model (e.g. all-MiniLM-L6-v2)",
-        description="Pool the encoder's last hidden states as the folder's sentence-"
-                    "transformers modules say (mean, cls or max; then L2-normalise where it "
-                    "has a Normalize module), as SentenceTransformer.encode does; a folder "
+        description="Read each sentence as the folder's sentence-transformers settings "
+                    "say (its default prompt first, lowercased where do_lower_case), then "
+                    "pool the encoder's last hidden states as its modules say (mean, cls or "
+                    "max; then L2-normalise where it has a Normalize module), as "
+                    "SentenceTransformer.encode does; a folder "
                     "without modules.json: the normalised mean. One sentence: prints its "
                     "embedding. Several: prints their cosine similarity matrix. A sentence "
                     "past the folder's max length (max_seq_length, else model_max_length) is "
@@ -158,12 +160,13 @@ def cmd_embed(args) -> int:
 
     device = pick_device(args.device)
     pooling = read_pooling(args.hf)  # before the weights are read
+    texts = sentence_texts(args.hf, args.sentences)  # a default prompt, lowercased
     model = load_hf(args.hf, device)
     if not isinstance(model, EncoderModel):
         raise UserError(f"{args.hf} holds a {type(model).__name__}; embed needs a BERT-style "
                         f"encoder such as all-MiniLM-L6-v2")
     tokenizer = load_hf_tokenizer(args.hf, max_length=model.config.block_size)
-    emb = embed_sentences(model, tokenizer, args.sentences, device, pooling)  # (N, C)
+    emb = embed_sentences(model, tokenizer, texts, device, pooling)  # (N, C)
     unit = torch.nn.functional.normalize(emb, dim=-1)  # (N, C)
     sim = unit @ unit.T  # (N, N): cosine similarity
     if args.json:

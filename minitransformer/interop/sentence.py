@@ -13,6 +13,11 @@ vector here is the normalised mean, as for all-MiniLM-L6-v2.
 
 Modules this reads nothing of (a Dense projection, other pooling modes) are refused by name:
 an embedding that silently differs from the model's own would be worse than none.
+
+Before the encoder, ``SentenceTransformer.encode`` puts the folder's default prompt before
+each sentence (``default_prompt_name`` in config_sentence_transformers.json, e5's
+``"query: "``), then lowercases the text where sentence_bert_config.json sets
+``do_lower_case``; ``sentence_texts`` does the same.
 """
 
 from __future__ import annotations
@@ -79,4 +84,25 @@ def read_pooling(folder) -> Pooling:
     return Pooling(mode, "Normalize" in kinds)
 
 
-__all__ = ["Pooling", "read_pooling"]
+def sentence_texts(folder, sentences: list[str]) -> list[str]:
+    """The texts the encoder reads for ``sentences``: the default prompt first, lowercased
+    where the folder says so (as ``SentenceTransformer.encode``)."""
+    folder = Path(folder)
+    prompt, lower = "", False
+    if (folder / "config_sentence_transformers.json").is_file():
+        config = _read_json(folder / "config_sentence_transformers.json",
+                            "the sentence-transformers settings")
+        name = config.get("default_prompt_name") if isinstance(config, dict) else None
+        prompts = config.get("prompts") if name else None
+        if name and not (isinstance(prompts, dict) and isinstance(prompts.get(name), str)):
+            raise UserError(f"{folder / 'config_sentence_transformers.json'}: its "
+                            f"default_prompt_name {name!r} names no prompt in its prompts")
+        prompt = prompts[name] if name else ""
+    if (folder / "sentence_bert_config.json").is_file():
+        config = _read_json(folder / "sentence_bert_config.json", "the Transformer's settings")
+        lower = isinstance(config, dict) and config.get("do_lower_case") is True
+    texts = [prompt + s for s in sentences]
+    return [t.lower() for t in texts] if lower else texts
+
+
+__all__ = ["Pooling", "read_pooling", "sentence_texts"]
