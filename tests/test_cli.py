@@ -186,6 +186,20 @@ def test_max_iters_under_a_time_budget_ends_the_schedule_too(tiny_corpus, tmp_pa
     assert lrs[-1] == pytest.approx(0.001 + 0.0045 * (1 + math.cos(math.pi * 5 / 6)), rel=1e-3)
 
 
+def test_the_header_leaves_out_a_step_cap_no_run_reaches(tiny_corpus, tmp_path, capsys):
+    """Presets that the time budget ends (cpu-medium, seq2seq cpu-small, autosized runs) cap
+    steps at 1,000,000: the header says the time alone, not "or 1,000,000 steps"."""
+    from minitransformer.presets import GPT, NO_STEP_CAP, SEQ2SEQ
+
+    assert GPT["cpu-medium"]["max_iters"] == SEQ2SEQ["cpu-small"]["max_iters"] == NO_STEP_CAP
+    code = cli.main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
+                     "--preset", "debug", "--time_budget", "1", "--max_iters", str(NO_STEP_CAP),
+                     "--eval_iters", "1", "--sample_tokens", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "training for 1s, " in out.out and "1,000,000" not in out.out
+
+
 def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():
     """The package imports PyTorch only when a name needs it; the command's entry point
     answers a Ctrl-C during that import (a second or more) as it answers one later."""

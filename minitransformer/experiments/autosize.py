@@ -31,6 +31,7 @@ import torch
 
 from ..config import GPTConfig, config_from_dict
 from ..errors import ConfigError, UserError
+from ..presets import NO_STEP_CAP
 
 TOKENS_PER_PARAM = 2.0
 CORPUS_FACTOR = 12.0  # at most 12 parameters per training token (nanoGPT: 10.7M on 1M chars)
@@ -222,7 +223,7 @@ def _settle(pick: Trial, trials: list[Trial], budget: float, train_tokens: int,
     lr = pick.learning_rate
     out = {**pick.fields, "dropout": dropout, "batch_size": batch, "learning_rate": lr,
            "min_lr": round(lr / 10, 10), "warmup_iters": min(100, max(10, steps // 10)),
-           "max_iters": 1_000_000, "time_budget": budget, "eval_interval": eval_interval,
+           "max_iters": NO_STEP_CAP, "time_budget": budget, "eval_interval": eval_interval,
            "eval_iters": eval_iters, "weight_decay": 0.1, "beta2": 0.99,
            "sample_tokens": 200 if budget >= 300 else 100 if budget >= 60 else 0}
     if device.type == "cuda" and budget < COMPILE_MIN_S:

@@ -39,7 +39,7 @@ from ..data.cache import check_sources, recorded_source
 from ..data.text import check_encoding_applies
 from ..errors import ConfigError, UserError
 from ..io import RUN_FORMAT, load_tensors
-from ..presets import get_preset
+from ..presets import NO_STEP_CAP, get_preset
 from ..tokenizers import TOKENIZERS
 
 
@@ -276,7 +276,9 @@ def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: 
     from ..training.device import pick_device
 
     budget = f"{train_cfg.max_iters:,} steps"
-    if train_cfg.time_budget:  # the schedule runs to whichever limit comes first
+    if train_cfg.time_budget and train_cfg.max_iters >= NO_STEP_CAP:  # only the time counts
+        budget = f"{train_cfg.time_budget:.0f}s"
+    elif train_cfg.time_budget:  # the schedule runs to whichever limit comes first
         budget = f"{train_cfg.time_budget:.0f}s or {budget}, whichever comes first"
     lr = "noam" if train_cfg.lr_schedule == "noam" else f"{train_cfg.learning_rate:g}"
     return [corpus,
