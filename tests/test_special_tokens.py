@@ -19,7 +19,11 @@ from minitransformer.cli import main
 from minitransformer.families import load_run
 from minitransformer.interop import load_hf, load_hf_tokenizer
 from minitransformer.tokenizers import BPETokenizer, CharTokenizer
-from minitransformer.tokenizers.prompt import leading_specials, prompt_ids
+from minitransformer.tokenizers.specials import (
+    document_separator,
+    leading_specials,
+    prompt_ids,
+)
 from minitransformer.training.checkpoint import write_model_files
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -235,3 +239,49 @@ def test_export_names_a_post_processors_start_token_bos(tmp_path):
     assert exported_tokenizer(BPETokenizer(word_tokenizer(lead, specials))).specials == \
         {"bos_token": "<|begin_of_text|>"}
     assert exported_tokenizer(BPETokenizer(word_tokenizer(None, specials))).specials == {}
+
+
+@pytest.mark.parametrize("specials,post_processor,separator", [
+    (QWEN, None, "<|endoftext|>"),  # GPT-2's, Qwen's and ours: the token itself
+    (WORDS[:5], LLAMA, "</s><s>"),  # Llama: its end, then its start
+    (WORDS[:5], None, "</s>"),
+    (["<unk>", "<s>", "[PAD]", "[CLS]", "[SEP]"], None, "\n\n"),  # no end token: a blank line
+])
+def test_documents_are_kept_apart_by_the_tokenizers_own_tokens(specials, post_processor,
+                                                                separator):
+    tok = word_tokenizer(post_processor, specials)
+    assert document_separator(tok, "<|endoftext|>") == separator
+
+
+def stream(folder) -> list[int]:
+    from minitransformer.data.shards import open_shards
+
+    _, train, val = open_shards(folder)
+    return [int(i) for i in train[:len(train)]] + [int(i) for i in val[:len(val)]]
+
+
+def test_a_llama_tokenizers_documents_end_with_its_own_tokens(llama_folder, tmp_path, capsys):
+    """prepare --tokenizer_from and train --init_from put </s><s> between documents, never
+    the text "<|endoftext|>" (which the folder's tokenizer spells as ordinary tokens); the
+    hint prepare ends with starts from the folder."""
+    _, folder = llama_folder
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": f"doc {w} to be."}) + "\n"
+                            for w in ("one", "two", "three")))
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--data", str(data), "--out", str(out), "--tokenizer_from",
+                 str(folder)]) == 0
+    said = capsys.readouterr().out
+    assert f"minitransformer train --init_from {folder} --data {out} --out RUN" in said
+    ids = stream(out)
+    tok = load_hf_tokenizer(folder)
+    assert ids == tok.encode("doc one to be.</s><s>doc two to be.</s><s>doc three to be.")
+    assert ids.count(0) == 0 and ids.count(2) == ids.count(1) == 2  # no <unk>
+    assert main(["train", "--init_from", str(folder), "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--block_size", "16", "--batch_size", "2",
+                 "--max_iters", "1", "--eval_iters", "1", "--sample_tokens", "0",
+                 "--quiet"]) == 0
+    from minitransformer.data.cache import TOKENS_DIR, cache_root
+
+    cache = json.loads((tmp_path / "run" / "config.json").read_text())["data"]["cache"]
+    assert stream(cache_root() / TOKENS_DIR / cache) == ids

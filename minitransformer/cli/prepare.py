@@ -105,7 +105,7 @@ def cmd_prepare(args) -> int:
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
                        bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6,
-                       tokenizer=tokenizer, newline=args.newline)
+                       tokenizer=tokenizer, newline=args.newline, start_from=args.tokenizer_from)
     return 0
 
 

@@ -13,6 +13,7 @@ read; running the same command again starts it over and writes the same bytes.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 
@@ -52,7 +53,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
                    errors: str = "strict", echo=print, workers: int | None = None,
                    bpe_sample: int | None = None, tokenizer=None,
-                   newline: str = "keep") -> dict:
+                   newline: str = "keep", start_from: str | None = None) -> dict:
     """Fit the tokenizer on the sources (with the family's ``special_tokens``; documents
     apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``.
 
@@ -61,7 +62,8 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     ``bpe_sample``: bytes of text BPE is trained on (default 16 MB); ``tokenizer``: encode
     with this one (a run's, a pretrained folder's) instead of fitting one; ``newline``:
     "normalize" reads CRLF and CR line ends as "\\n", as ``train --data FILE`` does (the
-    ``prepare`` command's default), "keep" leaves them."""
+    ``prepare`` command's default), "keep" leaves them; ``start_from``: the model folder whose
+    tokenizer this is, which the hint at the end trains from (``--init_from``)."""
     check_val_fraction(val_fraction)
     files = source_files(sources)
     check_text_field(files, text_field)
@@ -95,7 +97,9 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
          f"{fitted.vocab_size:,} ids, {manifest['dtype']}); reading{' and fitting' * fit} "
          f"{fitting:.1f} s, "
          f"encoding {encoding_s:.1f} s ({total / 1e6 / max(encoding_s, 1e-9):.1f} MB/s; {route}, "
-         f"{workers} worker(s)); train on it: minitransformer train --data {out} --out RUN")
+         f"{workers} worker(s)); train on it: minitransformer train "
+         f"{'' if start_from is None else f'--init_from {shlex.quote(str(start_from))} '}"
+         f"--data {shlex.quote(str(out))} --out RUN")
     if note := split_note(manifest):
         echo(note)
     return manifest

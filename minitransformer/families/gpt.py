@@ -18,6 +18,7 @@ from ..data import get_batch
 from ..models import GPT
 from ..presets import GPT as PRESETS
 from ..tokenizers.fitting import GPT_SPECIALS
+from ..tokenizers.specials import document_separator
 from ..training.trainer import LanguageModelTask
 from ..viz.explain import explain_gpt
 from ..viz.views import self_attention_views
@@ -50,6 +51,12 @@ class GPTFamily(StreamFamily):
     can_autosize = True
     measures_lengths = True
     spare_rows = True
+
+    def separator(self, tokenizer=None) -> str:
+        """<|endoftext|>, or a pretrained tokenizer's own end and start (Llama's </s><s>)."""
+        inner = getattr(tokenizer, "hf", None) or getattr(tokenizer, "tokenizer", None)
+        return self.bpe_separator if inner is None else document_separator(inner,
+                                                                          self.bpe_separator)
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         tok = prepared.tokenizer

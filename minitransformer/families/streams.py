@@ -77,10 +77,14 @@ class StreamFamily(Family):
         """Ids the family adds beside the tokenizer's own (the encoder's [MASK])."""
         return {}
 
-    def cache_family(self) -> dict:
+    def separator(self, tokenizer=None) -> str:
+        """What a BPE stream of ``tokenizer`` (None: one fitted here) puts between documents."""
+        return self.bpe_separator
+
+    def cache_family(self, tokenizer=None) -> dict:
         """What of the family decides a cached folder's tokens (part of its key)."""
         return {"name": self.name, "special_tokens": list(self.special_tokens),
-                "separator": self.bpe_separator}
+                "separator": self.separator(tokenizer)}
 
     def prepare(self, source: str | list[str], encoding: str, fields: dict, kind: str | None,
                 source_tgt: str | None = None, newline: str | None = None,
@@ -122,16 +126,16 @@ class StreamFamily(Family):
             check_text_field(files, field)
             counted: list[int] = []
             docs = read_texts(files, encoding, mode, counted, text_field=field)
-            text = self.bpe_separator.join(doc.text for doc in docs)  # as prepare joins them
+            text = self.separator(tokenizer).join(doc.text for doc in docs)  # as prepare does
             return self._encode(text, tokenizer, source, encoding, mode, sum(counted), field)
         same = own  # as recorded (a relative path to it too): checked, its cache reused
         if same:
             check_sources(data, sources)
         cached = find_cached(data.get("cache"), tokenizer) \
             if same and field == recorded_field else None
-        cached = cached or prepare_cached(sources, self.cache_family(), tokenizer.kind, None,
-                                          encoding, mode, tokenizer=tokenizer, echo=_stderr,
-                                          say_reused=False, text_field=field)
+        cached = cached or prepare_cached(sources, self.cache_family(tokenizer), tokenizer.kind,
+                                          None, encoding, mode, tokenizer=tokenizer,
+                                          echo=_stderr, say_reused=False, text_field=field)
         return self._open_cached(cached, sources, encoding, mode, tokenizer, field)
 
     def _reopen_prepared(self, folder: str, tokenizer, data: dict) -> Prepared:
@@ -192,7 +196,7 @@ class StreamFamily(Family):
         """``minitransformer prepare`` for this family: its special tokens known up front, its
         separator between documents (see ``data/prepare.py`` for the options)."""
         return prepare_corpus(sources, out, kind, vocab, special_tokens=self.special_tokens,
-                              bpe_separator=self.bpe_separator, **options)
+                              bpe_separator=self.separator(options.get("tokenizer")), **options)
 
     def _encode(self, text: str, tokenizer, source: str | list[str], encoding: str,
                 newline: str, crlf: int, text_field: str = "text") -> Prepared:

@@ -32,7 +32,7 @@ from tokenizers import (
 
 from ..errors import UserError
 from ..tokenizers import CharTokenizer
-from ..tokenizers.prompt import leading_specials, prompt_ids
+from ..tokenizers.specials import leading_specials, prompt_ids
 
 
 class HFTokenizer:

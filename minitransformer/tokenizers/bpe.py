@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import UserError
-from .prompt import prompt_ids
+from .specials import prompt_ids
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3 after training
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # the byte-fallback vocabulary
@@ -180,7 +180,7 @@ class BPETokenizer:
         """Token ids of ``text``; no special tokens are added."""
         return self.hf.encode(text, add_special_tokens=False).ids
 
-    def encode_prompt(self, text: str) -> list[int]:  # after the leading specials (prompt.py)
+    def encode_prompt(self, text: str) -> list[int]:  # after the leading specials (specials.py)
         return prompt_ids(self.hf, text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

@@ -73,7 +73,8 @@ def token_labels(tokenizer, ids, special: dict[int, str] | None = None) -> list[
 def encode_text(tokenizer, text: str, max_len: int, what: str = "text",
                 prompt: bool = False) -> list[int]:
     """Token ids of ``text``, refusing empty text and text longer than the model's context.
-    ``prompt``: as a decoder-only model reads a prompt (Llama's <s> first; tokenizers/prompt.py)."""
+    ``prompt``: as a decoder-only model reads a prompt (Llama's <s> first; see
+    tokenizers/specials.py)."""
     if not text:
         raise UserError(f"the {what} is empty: give at least one character")
     # raises UnknownCharactersError (a UserError)
