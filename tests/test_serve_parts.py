@@ -280,7 +280,8 @@ def test_a_port_outside_0_to_65535_is_refused_by_the_flag(run_dir, port, capsys)
 
 def test_offsets_follow_the_text_when_decoding_drops_a_leading_space():
     """A Llama-style tokenizer (SentencePiece pieces, byte fallback, a decoder that strips the
-    first space): each token's offset is where its text begins in the completion."""
+    first space): each token's offset is where its text begins in the completion, which
+    keeps the space its first token begins with (what it adds to the prompt)."""
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     from minitransformer.tokenizers.bpe import BYTE_TOKENS, BPETokenizer
@@ -300,11 +301,11 @@ def test_offsets_follow_the_text_when_decoding_drops_a_leading_space():
         c.add(i, torch.log_softmax(torch.zeros(tok.vocab_size), 0), 1, tok)
     c.end(tok)
     text, entries = c.take()
-    assert text == "the cat你s"
+    assert text == " the cat你s"
     for e in entries:
         if not e.text.startswith("bytes:") and e.text.strip():
             assert text[e.start:e.start + len(e.text)] == e.text, (e.text, e.start)
-    assert [e.start for e in entries if e.text.startswith("bytes:")] == [7, 7, 7]
+    assert [e.start for e in entries if e.text.startswith("bytes:")] == [8, 8, 8]
 
 
 def test_starting_texts_come_from_the_corpus_else_a_prompt_the_model_reads(run_dir, tmp_path):

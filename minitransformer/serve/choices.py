@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..tokenizers.streaming import continuation
+
 
 def token_bytes(tokenizer, token: int) -> bytes | None:
     """The bytes ``token`` stands for, where the tokenizer can say (else None)."""
@@ -33,7 +35,7 @@ def token_label(tokenizer, token: int) -> str:
     """A token as logprobs name it: its text decoded alone, or ``bytes:\\xNN...`` when it
     holds only part of a character (decoding gives U+FFFD, the same for every such token),
     or its vocabulary entry for a special token that decoding drops."""
-    text = tokenizer.decode([token])
+    text = continuation(tokenizer, [token])  # " s" for Llama's "▁s", as it reads in the text
     data = token_bytes(tokenizer, token) if "\ufffd" in text else None
     if data is not None:
         try:
@@ -98,7 +100,7 @@ class Choice:
             top = {token_label(tokenizer, i): v for i, v in sorted(pairs, key=lambda p: -p[1])}
             self.tokens.append(TokenInfo(token_label(tokenizer, token), start,
                                          float(logprobs[token]), top))
-        text = tokenizer.decode(self.ids)
+        text = continuation(tokenizer, self.ids)  # a leading space kept (Llama's ▁)
         spelling = bool(self.utf8.getstate()[0]) if data is not None else \
             text.endswith("\ufffd")
         if spelling:
@@ -115,7 +117,7 @@ class Choice:
         """No more tokens (max_tokens reached): what is left, an unfinished character too."""
         if self.finish is None:
             self.finish = "length"
-            self.text = tokenizer.decode(self.ids)
+            self.text = continuation(tokenizer, self.ids)
 
     def take(self) -> tuple[str, list[TokenInfo]]:
         """The text and token entries that may be shown now (and are then counted as sent)."""

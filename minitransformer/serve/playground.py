@@ -21,6 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from ..data.text import corpus_path
 from ..errors import UserError
 from ..families.encoder import fills_masks
+from ..tokenizers.streaming import continuation
 from ..viz import page as walk_page
 from ..viz.fonts import cjk_font_file
 from ..viz.i18n import HTML_LANG, page_catalogues
@@ -157,7 +158,7 @@ def router(run, settings, worker, authorized) -> APIRouter:
         need("sample")
         ids = encode(run.tokenizer, req.text)
         return {"ids": ids, "tokens": token_labels(run.tokenizer, ids),
-                "texts": [run.tokenizer.decode([i]) for i in ids]}
+                "texts": [continuation(run.tokenizer, [i]) for i in ids]}
 
     @api.post("/inspect")
     async def inspect_(req: InspectRequest) -> dict:

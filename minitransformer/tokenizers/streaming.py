@@ -1,6 +1,44 @@
-"""Text from a stream of generated token ids, piece by piece, never cutting a character."""
+"""Text from a stream of generated token ids, piece by piece, never cutting a character.
+
+What new ids add to a text is decoded after a probe token, whose text is then cut off
+(``continuation``): a SentencePiece-style decoder (Llama 1-2's, Mistral's) drops the space a
+text's first token begins with, so ``▁is`` decoded alone is ``is``, while after ``The model``
+it is `` is``. transformers' text-generation pipeline decodes the prompt and its continuation
+together and cuts the prompt's text off, to the same effect.
+"""
 
 from __future__ import annotations
+
+import weakref
+
+PROBES = ("a", "0", ".", "\u7684")  # texts that are one ordinary token in most vocabularies
+_probes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _probe(tokenizer) -> list[int]:
+    """Ids of the first of ``PROBES`` that decodes back to itself ([] where none does)."""
+    if tokenizer not in _probes:
+        found: list[int] = []
+        for text in PROBES:
+            try:
+                ids = tokenizer.encode(text)
+            except Exception:  # noqa: BLE001 - a character the tokenizer never saw
+                continue
+            if ids and tokenizer.decode(ids) == text:
+                found = ids
+                break
+        _probes[tokenizer] = found
+    return _probes[tokenizer]
+
+
+def continuation(tokenizer, ids) -> str:
+    """The text ``ids`` add after the text before them (their leading space kept)."""
+    ids = [int(i) for i in ids]
+    probe = _probe(tokenizer)
+    if not probe:
+        return tokenizer.decode(ids)
+    head, text = tokenizer.decode(probe), tokenizer.decode([*probe, *ids])
+    return text[len(head):] if text.startswith(head) else tokenizer.decode(ids)
 
 
 def stream_text(tokens, tokenizer):
@@ -9,11 +47,11 @@ def stream_text(tokens, tokenizer):
     ids, shown = [], ""
     for tok in tokens:
         ids.extend(tok[0].tolist())
-        text = tokenizer.decode(ids)
+        text = continuation(tokenizer, ids)
         if text.endswith("\ufffd"):
             continue  # wait for the rest of the character
         yield text[len(shown):]
         shown = text
-    text = tokenizer.decode(ids)
+    text = continuation(tokenizer, ids)
     if len(text) > len(shown):
         yield text[len(shown):]
