@@ -106,6 +106,34 @@ def test_completion_is_the_seeded_sample(client, run):
     assert r.usage.prompt_tokens == len(PROMPT) and r.usage.completion_tokens == 20
 
 
+def test_a_choice_that_draws_the_models_end_token_stops_there(run, monkeypatch):
+    """The family's end token (<|endoftext|>, Llama's </s>; tests/test_special_tokens.py)
+    ends a choice: finish_reason "stop", the token not in the text but counted, as OpenAI's
+    models stop at theirs. Here the end is the third token the seeded sample draws."""
+    drawn = run.tokenizer.encode(reference(run, PROMPT, 3, 7))
+    monkeypatch.setattr(type(run.family), "end_token", lambda self, tok, meta: drawn[2])
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 10, "seed": 7, "logprobs": 0}
+    with running(create_app(run, Settings(model_id="tiny"))) as u:
+        for stream in (False, True):
+            if stream:
+                status, text = 200, ""
+                req = urllib.request.Request(u + "v1/completions", method="POST",
+                                             data=json.dumps({**body, "stream": True}).encode(),
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    chunks = [json.loads(line[6:]) for line in r.read().decode().split("\n\n")
+                              if line.startswith("data: {")]
+                text = "".join(c["choices"][0]["text"] for c in chunks)
+                assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+            else:
+                status, done = post(u, json.dumps(body).encode())
+                text = done["choices"][0]["text"]
+                assert done["choices"][0]["finish_reason"] == "stop"
+                assert done["usage"]["completion_tokens"] == 3
+                assert len(done["choices"][0]["logprobs"]["tokens"]) == 2
+            assert status == 200 and text == run.tokenizer.decode(drawn[:2])
+
+
 def test_same_seed_same_text_and_n_choices_seeded_seed_plus_i(client, run):
     a = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, n=2, seed=3)
     b = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, n=2, seed=3)

@@ -108,12 +108,16 @@ def hf_greedy(model, folder, prompt: str, n: int) -> str:
     assert ids[0, 0].item() == 1  # transformers put <s> first
     out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                          pad_token_id=0, eos_token_id=None)
-    return tok.decode(out[0, ids.shape[1]:])
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def test_sample_hf_continues_what_transformers_generate_continues(llama_folder, capsys):
+@pytest.mark.parametrize("prompt", ["to be", "to be, or not"])
+def test_sample_hf_continues_what_transformers_generate_continues(llama_folder, capsys,
+                                                                  prompt):
+    """"to be": <s> changes what this random model writes (a longer prompt washes it out);
+    "to be, or not": it writes [SEP] and <s>, left out as a run's sample leaves them out
+    (transformers' decode(..., skip_special_tokens=True))."""
     model, folder = llama_folder
-    prompt = "to be"  # a longer one washes out what <s> changes in this random model
     expected = hf_greedy(model, folder, prompt, 12)
     assert main(["sample", "--hf", str(folder), "--prompt", prompt, "--max-new-tokens", "12",
                  "--temperature", "0"]) == 0
@@ -285,3 +289,22 @@ def test_a_llama_tokenizers_documents_end_with_its_own_tokens(llama_folder, tmp_
 
     cache = json.loads((tmp_path / "run" / "config.json").read_text())["data"]["cache"]
     assert stream(cache_root() / TOKENS_DIR / cache) == ids
+
+
+def test_the_token_a_served_completion_ends_at(llama_run, tmp_path):
+    """Our BPE runs and GPT-2's end at <|endoftext|>, a Llama run at </s>, a run from a
+    Qwen-instruct folder at its eos_token <|im_end|>; a char run never ends early."""
+    from minitransformer.families import FAMILIES
+
+    gpt = FAMILIES["gpt"]
+    run = load_run(llama_run)
+    assert gpt.end_token(run.tokenizer, run.meta) == 2  # </s>
+    ours = BPETokenizer.train(["to be or not to be"] * 20, 300, special_tokens=["<|endoftext|>"])
+    assert gpt.end_token(ours, {}) == ours.token_to_id("<|endoftext|>") == 0
+    qwen = BPETokenizer(word_tokenizer(specials=QWEN))
+    assert gpt.end_token(qwen, {}) == 0  # <|endoftext|> by name
+    meta = {"init_from": {"kind": "hf", "special_tokens": {"eos_token": "<|im_end|>"}}}
+    assert gpt.end_token(qwen, meta) == 2
+    assert gpt.end_token(BPETokenizer(word_tokenizer(specials=["<unk>", "a1", "a2", "a3",
+                                                              "a4"])), {}) is None
+    assert gpt.end_token(CharTokenizer.fit("abc"), {}) is None

@@ -24,6 +24,7 @@ from ..interop import describe, load_hf, load_hf_tokenizer
 from ..interop.tokenizer import as_char_tokenizer
 from ..models import GPT
 from ..models.generation import ROLLABLE, decoding_weights
+from ..tokenizers import BPETokenizer
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
 from .flags import (
@@ -239,8 +240,9 @@ def _sample_hf(args, device) -> int:
         raise UserError(f"{args.hf} holds a {type(model).__name__}; sample needs a GPT-2, "
                         f"Llama or Qwen3 folder")
     hf_tokenizer = load_hf_tokenizer(args.hf)
-    # a char run's export refuses unseen characters, as the run does
-    tokenizer = as_char_tokenizer(hf_tokenizer) or hf_tokenizer
+    # as a run started from the folder reads it: a char run's export refuses unseen
+    # characters, and special tokens (</s>, <|endoftext|>) are left out of what is written
+    tokenizer = as_char_tokenizer(hf_tokenizer) or BPETokenizer(hf_tokenizer.tokenizer)
     ids = tokenizer.encode_prompt(args.prompt)  # Llama's <s> first, as transformers does
     if not ids:
         raise UserError("the prompt encodes to no tokens")

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import load_run
-from ..families.pretrained import source_roles
+from ..families.base import source_roles
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
 from ..interop.sentence import Pooling, read_pooling, sentence_texts
@@ -55,8 +55,9 @@ in Python, with transformers installed:
   out = model.generate(**tok("ROMEO:", return_tensors="pt"), max_new_tokens=50, do_sample=False)
   tok.decode(out[0], skip_special_tokens=True)     # = sample RUN --temperature 0 --prompt
                                                    #   ROMEO: --max-new-tokens 50
-tokenizer: a BPE run's <|endoftext|> is its bos and eos token; generate stops there while
-sample never does (a run's corpus without that text never teaches the model to write it). A
+tokenizer: a BPE run's <|endoftext|> is its bos and eos token; generate stops there, as
+serve's completions do, while sample never does (a run's corpus without that text never
+teaches the model to write it); a run from a Hugging Face folder keeps the folder's roles. A
 char run has no special tokens, and characters it never saw encode as '?' (else '\uff1f',
 '\ufffd' or a space, else the first character of its vocabulary; no new id, as the model has
 none to spare): AutoTokenizer never raises, but such text does not decode back as it was,

@@ -193,6 +193,10 @@ class Family:
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         raise NotImplementedError
 
+    def end_token(self, tokenizer, meta: dict) -> int | None:
+        """The id at which a served completion ends (None: it ends at max_tokens only)."""
+        return None
+
     def translate(self, model, tokenizer, lines: list[str], options: dict,
                   device) -> list[str]:
         self.require("translate")
@@ -268,6 +272,16 @@ class Family:
             state[name] = t
         load_tensors(model, {**state, **(fresh or {})}, str(source.path))
         return []
+
+
+def source_roles(meta: dict) -> dict[str, str]:
+    """The roles of the special tokens ({"eos_token": "<|im_end|>", ...}) in the Hugging Face
+    folder a run's chain of ``--init_from`` began with, as its config.json recorded them
+    ({} for none); ``export`` writes them back."""
+    origin = meta.get("init_from")
+    roles = origin.get("special_tokens") if isinstance(origin, dict) else None
+    return {k: v for k, v in roles.items() if isinstance(v, str)} \
+        if isinstance(roles, dict) else {}
 
 
 def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: TrainConfig,

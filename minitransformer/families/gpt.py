@@ -28,6 +28,7 @@ from .base import (
     Prepared,
     loss_lines,
     run_meta,
+    source_roles,
     summary_lines,
     tokens_per_character,
 )
@@ -57,6 +58,18 @@ class GPTFamily(StreamFamily):
         inner = getattr(tokenizer, "hf", None) or getattr(tokenizer, "tokenizer", None)
         return self.bpe_separator if inner is None else document_separator(inner,
                                                                           self.bpe_separator)
+
+    def end_token(self, tokenizer, meta: dict) -> int | None:
+        """The eos_token of the folder the run started from, else the end token between its
+        documents (<|endoftext|>, Llama's </s>); a char run has none."""
+        inner = getattr(tokenizer, "hf", None)
+        if inner is None:
+            return None
+        named = source_roles(meta).get("eos_token")
+        end = inner.token_to_id(named) if named else None
+        sep = self.separator(tokenizer)
+        first = inner.encode(sep, add_special_tokens=False).ids[:1] if sep != "\n\n" else []
+        return end if end is not None else first[0] if first else None
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         tok = prepared.tokenizer

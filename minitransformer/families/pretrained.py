@@ -31,7 +31,7 @@ from ..io import read_json_object
 from ..tokenizers import BPETokenizer
 from ..training import checkpoint as ckpt
 from . import FAMILIES, load_run
-from .base import Family
+from .base import Family, source_roles
 
 
 @dataclass
@@ -63,16 +63,6 @@ class Source:
                     f"({self.tokenizer.vocab_size:,}-id tokenizer)")
         return (f"{self.family.title} run {self.path} (step {self.meta.get('step', '?')}, "
                 f"{self.tokenizer.kind} tokenizer)")
-
-
-def source_roles(meta: dict) -> dict[str, str]:
-    """The roles of the special tokens ({"eos_token": "<|im_end|>", ...}) in the Hugging Face
-    folder a run's chain of ``--init_from`` began with, as its config.json recorded them
-    ({} for none); ``export`` writes them back."""
-    origin = meta.get("init_from")
-    roles = origin.get("special_tokens") if isinstance(origin, dict) else None
-    return {k: v for k, v in roles.items() if isinstance(v, str)} \
-        if isinstance(roles, dict) else {}
 
 
 def read_source(path) -> Source:
@@ -147,4 +137,4 @@ def _hf_source(folder: Path, meta: dict) -> Source:
                   {"model_type": meta.get("model_type"), "special_tokens": tokenizer.roles})
 
 
-__all__ = ["Source", "read_source", "read_tokenizer_source", "source_roles"]
+__all__ = ["Source", "read_source", "read_tokenizer_source"]

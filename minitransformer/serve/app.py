@@ -93,6 +93,8 @@ def _check_model(settings: Settings, name: str) -> None:
 
 
 def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
+    end = run.family.end_token(run.tokenizer, run.meta)  # where a completion stops, if any
+
     @v1.get("/models")
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(settings, run)]}
@@ -110,7 +112,7 @@ def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
                                 f"continue text: {_instead(run)}", "model",
                            "not_a_completion_model")
         plan = cmpl.plan_completion(req, run.tokenizer, settings.max_tokens,
-                               settings.max_prompt_tokens)
+                                    settings.max_prompt_tokens, end)
         job = worker.submit(lambda job: cmpl.run_plan(job, run.model, run.tokenizer, plan),
                             cmpl.batch_key(plan) if settings.max_batch > 1 else None,
                             lambda jobs: cmpl.run_batch(jobs, run.model, run.tokenizer), plan)

@@ -113,10 +113,11 @@ class Choice:
         if found:
             self.cut, self.finish = min(found), "stop"
 
-    def end(self, tokenizer) -> None:
-        """No more tokens (max_tokens reached): what is left, an unfinished character too."""
+    def end(self, tokenizer, reason: str = "length") -> None:
+        """No more tokens (max_tokens reached, or the model's end of text: ``reason``
+        "stop"): what is left, an unfinished character too."""
         if self.finish is None:
-            self.finish = "length"
+            self.finish = reason
             self.text = continuation(tokenizer, self.ids)
 
     def take(self) -> tuple[str, list[TokenInfo]]:

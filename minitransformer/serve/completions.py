@@ -44,6 +44,7 @@ class Plan:
     seed: int | None
     logprobs: int | None
     include_usage: bool = False  # stream_options: a last chunk with the usage
+    end: int | None = None  # the model's end-of-text id: a choice that draws it stops there
 
 
 def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> list[int]:
@@ -79,8 +80,9 @@ def _token_ids(tokenizer, ids: list[int], i: int | None, max_prompt_tokens: int)
 
 
 def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
-                    max_prompt_tokens: int) -> Plan:
-    """Check a request beyond its types; every problem is a 400 naming its field."""
+                    max_prompt_tokens: int, end: int | None = None) -> Plan:
+    """Check a request beyond its types; every problem is a 400 naming its field. ``end``:
+    the id that ends a choice (``Family.end_token``), as OpenAI's models stop at theirs."""
     options = req.stream_options
     asked = {"echo": req.echo, "suffix": req.suffix is not None,
              "best_of": req.best_of not in (None, req.n), "logit_bias": bool(req.logit_bias),
@@ -116,7 +118,7 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", "stop")
     return Plan(prompts, ids, max_tokens, req.temperature, req.top_k, req.top_p, req.n, stops,
-                req.seed, req.logprobs, bool(options and options.include_usage))
+                req.seed, req.logprobs, bool(options and options.include_usage), end)
 
 
 def _piece(choice: Choice, logprobs: int | None) -> dict:
@@ -146,8 +148,11 @@ def _emit(rows: list[Row]) -> None:
 
 
 def _step(row: Row, step: int, token: int, lp, tokenizer) -> None:
-    row.choice.add(token, lp, row.plan.logprobs or 0, tokenizer)
     row.produced += 1
+    if token == row.plan.end:  # the end of the text: finish_reason "stop", the token unshown
+        row.choice.end(tokenizer, "stop")
+        return
+    row.choice.add(token, lp, row.plan.logprobs or 0, tokenizer)
     if step + 1 == row.plan.max_tokens:
         row.choice.end(tokenizer)
 
