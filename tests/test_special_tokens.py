@@ -201,7 +201,8 @@ def test_export_writes_back_the_source_folders_roles_through_a_chain_of_runs(lla
                                                                              tmp_path):
     """A Qwen-instruct-style folder says eos_token <|im_end|>; by name alone <|endoftext|>
     would take both bos and eos. Two runs on (the second from the first), the export says
-    what the folder said, and transformers' tokenizer and generate read it."""
+    what the folder said, and transformers' tokenizer and generate read it; and its context
+    is the folder's, not the shorter windows the runs trained on."""
     import transformers
 
     _, llama = llama_folder
@@ -228,6 +229,12 @@ def test_export_writes_back_the_source_folders_roles_through_a_chain_of_runs(lla
         assert tokens == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
                           "pad_token": "<|endoftext|>"}
         assert ids == {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}
+        # trained on windows of 16, the RoPE model still reads as far as the folder's 64
+        config = json.loads((tmp_path / f"{run}-hf" / "config.json").read_text())
+        tok_config = json.loads((tmp_path / f"{run}-hf" / "tokenizer_config.json").read_text())
+        assert config["max_position_embeddings"] == tok_config["model_max_length"] == 64
+        assert json.loads((tmp_path / run / "config.json").read_text())["model"][
+            "block_size"] == 16
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "b-hf")
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
 

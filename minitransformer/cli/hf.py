@@ -14,7 +14,7 @@ from pathlib import Path
 from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..families import load_run
-from ..families.base import source_roles
+from ..families.base import chain_start
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
 from ..interop.sentence import Pooling, read_pooling, sentence_texts
@@ -118,7 +118,9 @@ def cmd_export(args) -> int:
     check_export_folder(args.hf, args.force)
     run = load_run(args.dir, args.which, "cpu")
     run.family.require("export")
-    folder = save_hf(run.model, args.hf, run.tokenizer, source_roles(run.meta))
+    start = chain_start(run.meta)  # the Hugging Face folder the run began from, if any
+    folder = save_hf(run.model, args.hf, run.tokenizer, start.get("special_tokens"),
+                     start.get("positions"))
     print(f"wrote {folder}/ (config.json, model.safetensors, tokenizer.json, ...): "
           f"{describe(run.model)}")
     print(f"try it: minitransformer sample --hf {folder} --prompt ...; or in Python "

@@ -274,14 +274,26 @@ class Family:
         return []
 
 
-def source_roles(meta: dict) -> dict[str, str]:
-    """The roles of the special tokens ({"eos_token": "<|im_end|>", ...}) in the Hugging Face
-    folder a run's chain of ``--init_from`` began with, as its config.json recorded them
-    ({} for none); ``export`` writes them back."""
+def chain_start(meta: dict) -> dict:
+    """What the Hugging Face folder a run's chain of ``--init_from`` began with said, as the
+    run's config.json recorded it, for ``export`` to write back: "special_tokens", the roles
+    ({"eos_token": "<|im_end|>", ...}), and "positions", its max_position_embeddings (a RoPE
+    model trained on shorter windows still reads as far). Either may be missing."""
     origin = meta.get("init_from")
-    roles = origin.get("special_tokens") if isinstance(origin, dict) else None
-    return {k: v for k, v in roles.items() if isinstance(v, str)} \
-        if isinstance(roles, dict) else {}
+    origin = origin if isinstance(origin, dict) else {}
+    out: dict = {}
+    roles = origin.get("special_tokens")
+    if isinstance(roles, dict):
+        out["special_tokens"] = {k: v for k, v in roles.items() if isinstance(v, str)}
+    positions = origin.get("positions")
+    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+        out["positions"] = positions
+    return out
+
+
+def source_roles(meta: dict) -> dict[str, str]:
+    """The special tokens' roles of ``chain_start`` ({} for none)."""
+    return chain_start(meta).get("special_tokens", {})
 
 
 def summary_lines(corpus: str, model: str, built: Built, shape: str, train_cfg: TrainConfig,

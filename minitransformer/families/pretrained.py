@@ -31,7 +31,7 @@ from ..io import read_json_object
 from ..tokenizers import BPETokenizer
 from ..training import checkpoint as ckpt
 from . import FAMILIES, load_run
-from .base import Family, source_roles
+from .base import Family, chain_start
 
 
 @dataclass
@@ -54,8 +54,10 @@ class Source:
             out["model_type"] = self.meta.get("model_type")
         else:
             out["step"] = self.meta.get("step")
-        roles = self.meta.get("special_tokens") if self.kind == "hf" else source_roles(self.meta)
-        return {**out, "special_tokens": roles} if roles else out
+        start = {"special_tokens": self.meta.get("special_tokens"),
+                 "positions": self.config.block_size} if self.kind == "hf" \
+            else chain_start(self.meta)
+        return {**out, **{k: v for k, v in start.items() if v}}
 
     def describe(self) -> str:
         if self.kind == "hf":

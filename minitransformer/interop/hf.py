@@ -99,7 +99,8 @@ def check_sizes(hf_config: dict, folder: Path) -> None:
                             f"positive whole number")
 
 
-def save_hf(model, path, tokenizer=None, roles: dict[str, str] | None = None) -> Path:
+def save_hf(model, path, tokenizer=None, roles: dict[str, str] | None = None,
+            positions: int | None = None) -> Path:
     """Write our ``GPT`` as a folder that ``AutoModelForCausalLM.from_pretrained`` loads:
     a ``LlamaForCausalLM`` when the GPT is Llama-shaped (see ``architecture``;
     ``Qwen3ForCausalLM`` with qk_norm), else a ``GPT2LMHeadModel``.
@@ -110,7 +111,9 @@ def save_hf(model, path, tokenizer=None, roles: dict[str, str] | None = None) ->
     (``AutoTokenizer.from_pretrained`` loads them); its special tokens give config.json and
     generation_config.json their bos / eos ids; ``roles`` ({"eos_token": "<|im_end|>", ...}):
     those of the folder the run started from, where they differ from the names' usual roles
-    (``exported_tokenizer``). Files already in ``path`` of those names are
+    (``exported_tokenizer``); ``positions``: the source folder's max_position_embeddings,
+    written for a RoPE model trained on shorter windows (it has no table to cut), so the
+    folder reads as far as the one it came from. Files already in ``path`` of those names are
     replaced, others left alone; callers that must not replace them call
     ``check_export_folder`` first, as ``export`` does.
     """
@@ -120,8 +123,11 @@ def save_hf(model, path, tokenizer=None, roles: dict[str, str] | None = None) ->
     folder = check_export_folder(path, force=True)  # only a file is refused here
     arch = architecture(model.config)
     hf_config = arch.config_to_hf(model.config)
+    reach = model.config.block_size
+    if positions and model.config.pos_encoding == "rope":
+        reach = hf_config["max_position_embeddings"] = max(reach, positions)
     tok = None if tokenizer is None else exported_tokenizer(tokenizer, roles)
-    files, generation = _tokenizer_files(tok, model.config)
+    files, generation = _tokenizer_files(tok, model.config, reach)
     hf_config.update(generation)
     tensors = arch.state_to_hf(model.state_dict(), model.config)
     try:
@@ -168,7 +174,7 @@ def architecture(config):
     return gpt2
 
 
-def _tokenizer_files(tok, config) -> tuple[dict, dict]:
+def _tokenizer_files(tok, config, max_length: int) -> tuple[dict, dict]:
     """(tokenizer files by name, generation_config.json) for a model of ``config``.
 
     ``generate`` stops at eos_token_id and pads with pad_token_id (the eos token when there is
@@ -187,7 +193,7 @@ def _tokenizer_files(tok, config) -> tuple[dict, dict]:
     pad = tok.token_id("pad_token")
     generation.update(bos_token_id=bos, eos_token_id=eos,
                       pad_token_id=pad if pad is not None else eos)
-    return tok.files(config.block_size), generation
+    return tok.files(max_length), generation
 
 
 def describe(model) -> str:
