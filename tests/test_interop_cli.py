@@ -77,6 +77,9 @@ def test_sample_hf_errors(gpt2_folders, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no such" in err and "run folder" in err and "embed needs" in err
     assert "Traceback" not in err
+    (tmp_path / "my.txt").write_text("hello")  # a file, not a folder: said so
+    assert main(["sample", "--hf", str(tmp_path / "my.txt"), "--prompt", "x"]) == 2
+    assert "my.txt is a file; give the Hugging Face model folder" in capsys.readouterr().err
     # --which picks a run's checkpoint: with --hf it would do nothing, so it is refused
     assert main(["sample", "--hf", str(json_dir), "--which", "last", "--prompt", "x"]) == 2
     assert "--which picks a run folder's checkpoint" in capsys.readouterr().err

@@ -23,6 +23,9 @@ from ..io import load_tensors, read_json_object
 def hf_folder(path) -> Path:
     """The folder, checked to exist and to hold a config.json."""
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file; give the Hugging Face model folder it lies in "
+                        f"(config.json, the weights and the tokenizer files)")
     if not folder.is_dir():
         raise UserError(f"no such Hugging Face model folder: {folder}")
     if not (folder / "config.json").exists():
