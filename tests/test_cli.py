@@ -200,6 +200,25 @@ def test_the_header_leaves_out_a_step_cap_no_run_reaches(tiny_corpus, tmp_path, 
     assert "training for 1s, " in out.out and "1,000,000" not in out.out
 
 
+def test_the_sample_command_train_ends_with_runs_as_printed(tiny_corpus, tmp_path, capsys):
+    """A corpus whose first line is "---" (YAML front matter, a Markdown rule): the printed
+    command says --prompt=---, which parses (--prompt --- did not)."""
+    import shlex
+
+    from minitransformer.data import load_text
+
+    data = tmp_path / "notes.txt"
+    data.write_text("---\n" + load_text(str(tiny_corpus)), encoding="utf-8")
+    assert cli.main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--preset",
+                     "debug", "--max_iters", "2", "--eval_iters", "1", "--sample_tokens",
+                     "0"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "sample from it" in ln)
+    args = shlex.split(line.split("sample from it: minitransformer ", 1)[1])
+    assert "--prompt=---" in args
+    assert cli.main([*args, "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith("---")
+
+
 def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():
     """The package imports PyTorch only when a name needs it; the command's entry point
     answers a Ctrl-C during that import (a second or more) as it answers one later."""

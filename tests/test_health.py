@@ -155,3 +155,12 @@ def test_normal_run_gets_no_warning_and_logs_entropy(tmp_path, capsys):
     for key in ("attn_entropy_0", "attn_entropy_1"):
         assert float(evals[0][key]) == pytest.approx(uniform, abs=0.02)
         assert 0 < float(evals[-1][key]) < uniform  # training sharpens attention
+
+
+def test_a_resume_from_a_step_never_evaluated_says_so_not_nan():
+    from minitransformer.training.health import HealthGuard
+
+    assert HealthGuard.resume_label(1.23456, 1.2) == "val loss 1.2346"
+    assert HealthGuard.resume_label(float("nan"), 1.2) == \
+        "not evaluated at that step; best val loss 1.2000"
+    assert HealthGuard.resume_label(float("nan"), float("inf")) == "not evaluated at that step"

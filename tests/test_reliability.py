@@ -130,6 +130,13 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
     saved = ckpt.list_checkpoints(out)
     assert saved and int(saved[-1].name.split("_")[1]) >= 5
     load_checkpoint(out, which="last")
+    step = int(saved[-1].name.split("_")[1])  # a step never evaluated: not "val loss nan"
+    resumed = subprocess.run(train_cmd(corpus, out, "--max_iters", str(step + 1),
+                                       "--eval_interval", "1000", "--resume"),
+                             env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"from step {step} (not evaluated at that step" in resumed.stdout
+    assert "nan" not in resumed.stdout
 
 
 class InfAfter:

@@ -139,6 +139,14 @@ def test_bad_folders_and_manifests_are_user_errors(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "dd"), "--out", str(tmp_path / "r"),
                  *DEBUG]) == 2
     assert "prepare it again" in capsys.readouterr().err
+    for damage in ({"val_start": None}, {"tokens": "many"}, {"val_start": 10 ** 9}):
+        changed = {**manifest, **damage}
+        (tmp_path / "dd" / MANIFEST).write_text(json.dumps(
+            {k: v for k, v in changed.items() if v is not None}), encoding="utf-8")
+        assert main(["train", "--data", str(tmp_path / "dd"), "--out", str(tmp_path / "r"),
+                     *DEBUG]) == 2  # was an internal error (KeyError: 'val_start')
+        err = capsys.readouterr().err
+        assert "manifest.json is damaged" in err and "prepare" in err, err
 
 
 def test_a_data_dir_of_another_tokenizer_is_refused_for_resume_and_init_from(tmp_path, capsys):
@@ -215,3 +223,27 @@ def test_a_lopsided_split_is_noted(tmp_path, capsys, monkeypatch):
     assert main(["prepare", "--data", str(tmp_path / "s4.txt"), "--out", str(tmp_path / "s")]) \
         == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_our_own_folders_given_as_text_are_named_for_what_they_are(tmp_path, capsys):
+    """A prepared folder given to prepare, one without its manifest (a stopped or damaged
+    prepare) and a run folder: each said as such, not as "tokens.bin (or loss.png) looks
+    like a binary file"."""
+    import shutil
+
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH, encoding="utf-8")
+    dd = tmp_path / "dd"
+    assert main(["prepare", "--data", str(text), "--out", str(dd)]) == 0
+    assert main(["prepare", "--data", str(dd), "--out", str(tmp_path / "again")]) == 2
+    assert "is prepared data already" in capsys.readouterr().err
+    shutil.copytree(dd, tmp_path / "cut")
+    (tmp_path / "cut" / MANIFEST).unlink()
+    assert main(["train", "--data", str(tmp_path / "cut"), "--out", str(tmp_path / "r"),
+                 *DEBUG]) == 2
+    assert f"without its {MANIFEST}: a prepare that did not finish" in capsys.readouterr().err
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *DEBUG,
+                 "--max_iters", "2"]) == 0
+    capsys.readouterr()
+    assert main(["prepare", "--data", str(tmp_path / "run"), "--out", str(tmp_path / "p")]) == 2
+    assert "is a training run (or a checkpoint), not text" in capsys.readouterr().err

@@ -268,11 +268,18 @@ def open_shards(data_dir) -> tuple[dict, TokenStream, TokenStream]:
         raise UserError(f"{folder / MANIFEST} is not a version {FORMAT_VERSION} token manifest "
                         f"(prepare it again)")
     path = folder / TOKENS
-    expected = manifest["tokens"] * np.dtype(manifest["dtype"]).itemsize
-    if not path.is_file() or path.stat().st_size != expected:
+    try:
+        n, dtype, cut = int(manifest["tokens"]), np.dtype(manifest["dtype"]), \
+            int(manifest["val_start"])
+    except (KeyError, TypeError, ValueError) as e:  # a hand-edited or damaged manifest
+        raise UserError(f"{folder / MANIFEST} is damaged ({type(e).__name__}: {e}): prepare "
+                        f"{folder} again") from None
+    if not path.is_file() or path.stat().st_size != n * dtype.itemsize:
         raise UserError(f"{path} is missing or has the wrong size: prepare {folder} again")
-    ids = np.memmap(path, dtype=manifest["dtype"], mode="r")
-    cut = manifest["val_start"]
+    if not 0 <= cut <= n:
+        raise UserError(f"{folder / MANIFEST} is damaged (val_start {cut} of {n} tokens): "
+                        f"prepare {folder} again")
+    ids = np.memmap(path, dtype=dtype, mode="r")
     return manifest, TokenStream(ids[:cut]), TokenStream(ids[cut:])
 
 

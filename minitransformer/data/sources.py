@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .shards import MANIFEST, TOKENS
 from .tables import NULL_HINT, arrow_rows, dataset_files, is_dataset_folder, parquet_rows
 from .text import (
     BUNDLED,
@@ -43,6 +44,22 @@ class Document:
     where: str
 
 
+def refuse_non_text_folder(path: Path) -> None:
+    """A folder of our own making given as text: say what it is, not that its first file is
+    binary (tokens.bin, model.safetensors)."""
+    if (path / MANIFEST).is_file():
+        raise UserError(f"{path} is prepared data already: train reads it as it is (--data "
+                        f"{path}), alone; prepare reads text")
+    if (path / TOKENS).is_file():
+        raise UserError(f"{path} holds prepared token ids ({TOKENS}) without its {MANIFEST}: a "
+                        f"prepare that did not finish, or a damaged prepared folder; prepare "
+                        f"the text again (a complete prepared folder is read with --data "
+                        f"{path})")
+    if (path / "checkpoints").is_dir() or (path / "trainer_state.json").is_file():
+        raise UserError(f"{path} is a training run (or a checkpoint), not text: give --data "
+                        f"the text it was trained on")
+
+
 def source_files(sources: list[str]) -> list[Path]:
     """Files named by --data: bundled names, files, folders (their files, sorted; a
     save_to_disk folder: its Arrow files), globs."""
@@ -55,6 +72,7 @@ def source_files(sources: list[str]) -> list[Path]:
         if is_dataset_folder(path):
             files += dataset_files(path)
         elif path.is_dir():
+            refuse_non_text_folder(path)
             found = folder_files(path)
             if not found:
                 raise UserError(f"{source} is an empty folder: no files to read")

@@ -91,9 +91,11 @@ class GPTFamily(StreamFamily):
                              f"{c.block_size}", train_cfg, f"batch {train_cfg.batch_size}")
 
     def finish(self, run_dir, result, prepared: Prepared, built: Built, train_cfg) -> list[str]:
+        prompt = corpus_prompt(prepared)  # "--prompt=---": a first line "---" is no flag
+        flag = "--prompt=" if prompt.startswith("-") else "--prompt "
         return [f"best model: {run_dir}/model.safetensors (+ config.json, tokenizer.json)",
-                f"sample from it: minitransformer sample {shlex.quote(str(run_dir))} --prompt "
-                f"{shlex.quote(corpus_prompt(prepared))}"]
+                f"sample from it: minitransformer sample {shlex.quote(str(run_dir))} "
+                f"{flag}{shlex.quote(prompt)}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
         loss, task, *_, where = self.val_loss(model, tokenizer, meta, options)

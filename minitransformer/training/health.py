@@ -91,6 +91,15 @@ class HealthGuard:
             return " (best so far, saved)"
         return f" (best since step 0, saved; step 0 had {self.start_val:.4f})"
 
+    @staticmethod
+    def resume_label(val_loss: float, best: float) -> str:
+        """The val loss a resumed run starts from, where that step was evaluated (a run
+        stopped by Ctrl-C saves a step it never evaluated: then the best so far)."""
+        if not math.isnan(val_loss):
+            return f"val loss {val_loss:.4f}"
+        best_said = f"; best val loss {best:.4f}" if math.isfinite(best) else ""
+        return f"not evaluated at that step{best_said}"
+
     @torch.no_grad()
     def entropy_columns(self, model, task, device) -> dict[str, float]:
         """Per-layer attention entropy on one fixed val batch: {"attn_entropy_0": H, ...}.

@@ -189,7 +189,7 @@ class TrainingRun:
         self.last_eval = self.step
         if self.main:
             self.echo(f"resuming {self.out_dir} from step {self.step} "
-                      f"(val loss {self.last_val:.4f})")
+                      f"({self.health.resume_label(self.last_val, self.best)})")
             skipped = sorted(p.name for p in (self.out_dir / ckpt.CHECKPOINTS).glob("step_*")
                              if p.is_dir() and p.name > folder.name)
             if skipped:  # a later folder without its trainer_state.json: not a checkpoint
