@@ -27,15 +27,15 @@ from safetensors.torch import load_file, save_file
 
 from ..data.shards import is_prepared
 from ..errors import UserError
-from ..io import (  # noqa: F401 (load_weights: re-exported for the trainer)
+from ..io import (
     atomic_write,
     atomic_write_json,
     fsync_dir,
     is_run_config,
-    load_weights,
     read_json_object,
     usual_mode,
 )
+from ..io import load_weights as _load_weights
 from ..tokenizers import tokenizer_from_dict
 from .state import LOG_FIELDS
 
@@ -236,6 +236,14 @@ def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
     optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     return state, optimizer_state, rng
+
+
+def load_weights(model, path) -> None:
+    """A model file into ``model``; in a damaged checkpoint the error says how to go back."""
+    try:
+        _load_weights(model, Path(path))
+    except UserError as e:
+        raise UserError(f"{e}{_go_back(Path(path).parent)}") from None
 
 
 def _go_back(folder: Path) -> str:
