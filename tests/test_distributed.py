@@ -145,3 +145,12 @@ def test_compiled_model_checkpoint_loads_in_a_plain_model(tmp_path):
     plain, _ = load_checkpoint(tmp_path)
     idx = torch.randint(0, 20, (2, 8))
     assert torch.equal(plain(idx)[0], model.eval()(idx)[0])
+
+
+def test_the_resume_hint_starts_the_run_as_it_was_started():
+    """A run under torchrun is resumed under torchrun (a sharded one cannot resume alone
+    without --shard false): the interrupted run's hint says so."""
+    from minitransformer.training.distributed import DistInfo
+
+    assert DistInfo().command == "minitransformer"
+    assert DistInfo(1, 2, 1).command == "torchrun --nproc_per_node 2 -m minitransformer"

@@ -47,6 +47,12 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def command(self) -> str:
+        """How to start the CLI as this run was started (torchrun's processes, or one)."""
+        return "minitransformer" if self.world_size == 1 else \
+            f"torchrun --nproc_per_node {self.world_size} -m minitransformer"
+
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device]:
     """Join the process group if torchrun started us; pick this process's device."""

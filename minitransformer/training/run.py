@@ -395,6 +395,6 @@ class TrainingRun:
             log.tensorboard.close()
         if self.interrupted and self.main:
             self.echo(f"interrupted at step {self.step}; saved a checkpoint in "
-                      f"{self.out_dir / ckpt.CHECKPOINTS}. Resume with: minitransformer train "
-                      f"--out {self.out_dir} --resume")
+                      f"{self.out_dir / ckpt.CHECKPOINTS}. Resume with: {self.info.command} "
+                      f"train --out {self.out_dir} --resume")
         distributed.teardown()
