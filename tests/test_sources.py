@@ -230,6 +230,38 @@ def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_p
     assert "1 document(s) of 3 file(s)" in capsys.readouterr().out
 
 
+def test_an_empty_last_file_of_a_folder_is_no_val_split(tmp_path, capsys):
+    """An empty file that sorts last was the last document, so the whole val split: prepare
+    wrote a folder that train then refused, and train refused the folder outright. Both now
+    read it as an empty document (as an empty JSONL row) and split where val gets text; a
+    blank file named alone is still refused."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello world text\n" * 200, encoding="utf-8")
+    (folder / "b.txt").write_text("another text here\n" * 60, encoding="utf-8")
+    (folder / "z.txt").write_text("", encoding="utf-8")
+    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd")]) == 0
+    manifest, _, val = open_shards(tmp_path / "dd")
+    assert manifest["documents"] == 3 and len(val) >= len("another text here\n" * 60)
+    for data in (folder, tmp_path / "dd"):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--preset",
+                     "debug", "--max_iters", "1", "--eval_iters", "1", "--sample_tokens",
+                     "0", "--force", "--quiet"]) == 0
+    assert main(["train", "--data", str(folder / "z.txt"), "--out", str(tmp_path / "r2"),
+                 "--preset", "debug", "--quiet"]) == 2
+    assert "z.txt is empty" in capsys.readouterr().err
+
+
+def test_val_start_leaves_val_text_where_the_last_document_is_empty_or_short():
+    from minitransformer.data.shards import val_start
+
+    assert val_start(1000, [0, 600, 950], 0.1) == 950  # the boundary after the point
+    assert val_start(1000, [0, 600, 1000], 0.1) == 600  # an empty last document
+    assert val_start(1000, [0, 600, 990], 0.1) == 600  # 1% where 10% was asked
+    assert val_start(1000, [0, 990], 0.1) == 900  # nothing earlier: split_ids' point
+    assert val_start(1000, [0], 0.1) == 900
+
+
 def test_a_file_read_twice_is_refused(tmp_path):
     """Given twice (or in a folder given too), a file's text would be in both splits."""
     from minitransformer.data.sources import source_files

@@ -156,7 +156,7 @@ def read_texts(files: list[Path], encoding: str, newline: str, counted: list[int
         if has_records(path):
             docs = read_documents([path], text_field, encoding=encoding)
         else:
-            docs = [Document(load_text(str(path), encoding), str(path))]
+            docs = [Document(load_text(str(path), encoding, len(files) > 1), str(path))]
         for doc in docs:
             text, crs = normalize_newlines(doc.text, newline)
             counted.append(crs)

@@ -200,13 +200,20 @@ def split_note(manifest: dict) -> str | None:
 
 def val_start(n: int, doc_starts, val_fraction: float) -> int:
     """Where the val split starts: split_ids' point for one document, else the first document
-    boundary at or after it (the last document at least)."""
+    boundary at or after it (the last document at least). Where that leaves val under half
+    the fraction asked (a last document that is empty or short), the last boundary that
+    leaves at least that much; split_ids' point where there is none (one long document)."""
     point = int(n * (1 - val_fraction))
     starts = np.asarray(doc_starts, dtype=np.int64)
     if len(starts) <= 1:
         return point
     i = int(np.searchsorted(starts[1:], point, side="left"))
-    return int(starts[1 + i]) if i < len(starts) - 1 else int(starts[-1])
+    cut = int(starts[1 + i]) if i < len(starts) - 1 else int(starts[-1])
+    least = n * val_fraction / 2
+    if n - cut >= least:
+        return cut
+    earlier = starts[1:][n - starts[1:] >= least]
+    return int(earlier[-1]) if len(earlier) else point
 
 
 class TokenStream:

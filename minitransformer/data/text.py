@@ -122,14 +122,15 @@ def check_encoding_applies(sources: str | list[str], encoding: str | None) -> No
                             f"decoded when it was prepared (prepare --encoding)")
 
 
-def load_text(source: str, encoding: str = "utf-8") -> str:
-    """Read a corpus as text, refusing empty, binary and wrongly decoded files with a message."""
+def load_text(source: str, encoding: str = "utf-8", empty_ok: bool = False) -> str:
+    """Read a corpus as text, refusing empty (unless ``empty_ok``: one file of several, an
+    empty document as prepare reads it), binary and wrongly decoded files with a message."""
     path = corpus_path(source)
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise UserError(f"cannot read {source}: {e.strerror}") from None
-    if not raw.strip():
+    if not raw.strip() and not empty_ok:
         raise UserError(f"{source} is empty (or only whitespace): it holds no text")
     try:
         wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
