@@ -118,6 +118,28 @@ def test_null_texts_stop_prepare_unless_skipped(tmp_path, capsys, shape):
     assert _documents(out) == [DOCS[0], DOCS[1]]
 
 
+def test_errors_skip_leaves_out_json_lines_records_without_their_text(tmp_path, capsys):
+    """Messy exports: a record without the field, one whose text is a number, a line that is
+    not JSON, one that is not an object. Each stops prepare naming its line and the way
+    out; --errors skip reads the documents around them (it used to skip null text only)."""
+    source = tmp_path / "messy.jsonl"
+    lines = [json.dumps({"text": DOCS[0]}), json.dumps({"title": "no text"}),
+             json.dumps({"text": 12345}), "{not json", json.dumps(["a", "list"]),
+             json.dumps({"text": DOCS[1]})]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for bad, said in ((2, "no text field 'text'"), (3, "field 'text' holds int, not text"),
+                      (4, "not valid JSON"), (5, "not a JSON object")):
+        source.write_text("\n".join(lines[:1] + lines[bad - 1:bad]) + "\n", encoding="utf-8")
+        err = _prepare_fails(source, capsys, tmp_path)
+        assert "messy.jsonl:2: " + said in err and "--errors skip" in err, err
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "dd"
+    assert main(["prepare", "--data", str(source), "--out", str(out), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300", "--workers", "1", "--errors",
+                 "skip"]) == 0
+    assert _documents(out) == [DOCS[0], DOCS[1]]
+
+
 def test_a_damaged_parquet_file_names_the_file_and_row_group(shapes, tmp_path, capsys):
     root, _ = shapes
     raw = (root / "rows.parquet").read_bytes()

@@ -52,8 +52,9 @@ def add_parser(sub) -> None:
                         "--data FILE reads them (normalize, the default), or kept as they are")
     p.add_argument("--errors", choices=["strict", "replace", "skip"], default="strict",
                    help="undecodable bytes: stop (strict), replace them, or skip the file; "
-                        "skip also leaves out binary files and records or rows whose text "
-                        "is null (default strict)")
+                        "skip also leaves out binary files, table rows whose text is null, "
+                        "and JSON Lines records without their text (not JSON, no such field, "
+                        "null, a number) (default strict)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes that encode BPE, in parallel, output in input order; "
                         "characters are looked up in this process (default: the CPU count, "

@@ -199,23 +199,30 @@ def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Docum
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{lineno}: not a JSON object")
-            if field not in record:
-                fields = ", ".join(record) or "none"
-                raise UserError(f"{path}:{lineno}: no text field {field!r}; its fields are "
-                                f"{fields} (--text_field NAME reads another)")
-            if record[field] is None:
-                if errors == "skip":
-                    continue
-                raise UserError(f"{path}:{lineno}: field {field!r} is null; {NULL_HINT}")
-            if not isinstance(record[field], str):
-                raise UserError(f"{path}:{lineno}: field {field!r} holds "
-                                f"{type(record[field]).__name__}, not text")
-            yield Document(record[field], f"{path}:{lineno}")
+                yield Document(_record_text(line, field), f"{path}:{lineno}")
+            except UserError as e:
+                if errors != "skip":  # skip: a record without its text is left out
+                    raise UserError(f"{path}:{lineno}: {e}") from None
+
+
+def _record_text(line: str, field: str) -> str:
+    """The text of one JSON Lines record; a UserError says what is wrong with it."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise UserError(f"not valid JSON ({e}); {NULL_HINT}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"not a JSON object; {NULL_HINT}")
+    if field not in record:
+        fields = ", ".join(record) or "none"
+        raise UserError(f"no text field {field!r}; its fields are {fields} (--text_field NAME "
+                        f"reads another; {NULL_HINT})")
+    if record[field] is None:
+        raise UserError(f"field {field!r} is null; {NULL_HINT}")
+    if not isinstance(record[field], str):
+        raise UserError(f"field {field!r} holds {type(record[field]).__name__}, not text; "
+                        f"{NULL_HINT}")
+    return record[field]
 
 
 def fingerprint(files: list[Path]) -> list[dict]:

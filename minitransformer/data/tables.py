@@ -75,7 +75,7 @@ def _check_column(path: Path, schema, field: str) -> None:
                         f"(--text_field NAME reads another column)")
 
 
-NULL_HINT = "prepare --errors skip leaves such rows out"
+NULL_HINT = "prepare --errors skip leaves such rows out"  # (and JSON Lines records)
 
 
 def _rows(path: Path, values: list, where: str, skip_null: bool) -> Iterator[tuple[str, str]]:
