@@ -52,6 +52,7 @@ def _randomise_adapters(model) -> None:
     ("q_proj,v_proj", 4 * (16 + 16) * 2),
     ("q_proj,k_proj,v_proj,out_proj", 4 * (16 + 16) * 4),
     ("fc,proj", 4 * (16 + 64) * 2),
+    ("up_proj,down_proj,o_proj", 4 * (16 + 64) * 2 + 4 * (16 + 16)),  # Llama's names: ours
 ])
 def test_trainable_parameters_are_the_adapters_alone(make_gpt, targets, per_layer):
     model = make_gpt()

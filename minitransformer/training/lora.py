@@ -42,6 +42,10 @@ ADAPTER = "default"  # peft's name for the one adapter
 PEFT_PREFIX = "base_model.model."  # the key prefix of PEFT's saved adapters
 
 
+# Llama's module names (what peft users pass as target_modules) -> ours, same matrices
+LLAMA_NAMES = {"o_proj": "out_proj", "up_proj": "fc", "down_proj": "proj", "gate_proj": "gate"}
+
+
 @dataclass
 class LoraConfig:
     """Low-rank adapters on named linear layers; every other weight stays frozen."""
@@ -54,7 +58,9 @@ class LoraConfig:
     lora_targets: str = "q_proj,v_proj"
     """LoRA: comma-separated module names to adapt; a name matches every module whose dotted
     path ends with it (q_proj, k_proj, v_proj, out_proj, fc, proj, gate; or a full path such
-    as decoder.layers.0.self_attn.q_proj); a head tied to the embedding cannot be one"""
+    as decoder.layers.0.self_attn.q_proj; Llama's o_proj, up_proj, down_proj and gate_proj,
+    as peft names them, mean out_proj, fc, proj and gate); a head tied to the embedding cannot
+    be one"""
     lora_dropout: float = 0.0
     """LoRA: dropout on the adapters' input (0 = none)"""
     lora_save_adapter: bool = False
@@ -76,7 +82,12 @@ class LoraConfig:
             raise ConfigError("--lora_targets names no module")
 
     def targets(self) -> list[str]:
-        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        """The names given, Llama's (``LLAMA_NAMES``) as ours, each once."""
+        out = []
+        for target in (t.strip() for t in self.lora_targets.split(",")):
+            head, dot, last = target.rpartition(".")
+            out.append(head + dot + LLAMA_NAMES.get(last, last))
+        return list(dict.fromkeys(t for t in out if t))
 
 
 def settings(given: dict, saved: dict | None = None, resume: bool = False) -> LoraConfig | None:
