@@ -219,6 +219,18 @@ def test_the_sample_command_train_ends_with_runs_as_printed(tiny_corpus, tmp_pat
     assert capsys.readouterr().out.startswith("---")
 
 
+def test_a_run_shorter_than_the_presets_warmup_says_so(tiny_corpus, tmp_path, capsys):
+    """--max_iters 6 with the debug preset's 20-step warmup: the rate never reaches its peak
+    (a fine-tuning run of 20 steps under the finetune preset's 50 did so silently)."""
+    args = ["train", "--data", str(tiny_corpus), "--preset", "debug", "--max_iters", "6",
+            "--eval_iters", "1", "--sample_tokens", "0", "--time_budget", "none"]
+    assert cli.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert "6 steps end inside the preset's 20-step warmup: the learning rate never " \
+        "reaches" in capsys.readouterr().out
+    assert cli.main([*args, "--out", str(tmp_path / "b"), "--warmup_iters", "2"]) == 0
+    assert "warmup" not in capsys.readouterr().out
+
+
 def test_a_ctrl_c_while_pytorch_loads_is_an_interruption_not_a_traceback():
     """The package imports PyTorch only when a name needs it; the command's entry point
     answers a Ctrl-C during that import (a second or more) as it answers one later."""

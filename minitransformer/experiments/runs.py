@@ -119,9 +119,15 @@ def decay_floor(fields: dict, given: dict, echo=print) -> dict:
 def _train_config(fields: dict, given: dict | None = None, echo=print) -> TrainConfig:
     fields = decay_floor(fields, given or {}, echo)
     try:
-        return config_from_dict(TrainConfig, fields)
+        cfg = config_from_dict(TrainConfig, fields)
     except ConfigError as e:
         raise UserError(str(e)) from None
+    if cfg.lr_schedule != "noam" and 0 < cfg.max_iters <= cfg.warmup_iters and \
+            "warmup_iters" not in (given or {}):  # a preset's warmup, longer than the run
+        echo(f"note: the run's {cfg.max_iters:,} steps end inside the preset's "
+             f"{cfg.warmup_iters:,}-step warmup: the learning rate never reaches "
+             f"{cfg.learning_rate:g} (--warmup_iters sets a shorter warmup)")
+    return cfg
 
 
 def new_run(req: TrainRequest, echo=print):
