@@ -140,6 +140,29 @@ def test_errors_skip_leaves_out_json_lines_records_without_their_text(tmp_path, 
     assert _documents(out) == [DOCS[0], DOCS[1]]
 
 
+def test_a_dataset_repository_folder_reads_its_train_split_alone(tmp_path, capsys):
+    """A Hugging Face dataset repository as cloned: README.md (YAML front matter) and
+    data/{train,test}-*.parquet. It used to train on all of it, the README and the test
+    split too; now the train split's Parquet files, with a note naming what is left out."""
+    repo = tmp_path / "hub"
+    (repo / "data").mkdir(parents=True)
+    (repo / "README.md").write_text("---\nlicense: mit\n---\n# My dataset\n")
+    pq.write_table(pa.table({"text": DOCS[:2]}), repo / "data" / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"text": DOCS[3:]}), repo / "data" / "train-00001-of-00002.parquet")
+    pq.write_table(pa.table({"text": ["held out"]}), repo / "data" / "test-00000-of-00001.parquet")
+    out = tmp_path / "dd"
+    assert main(["prepare", "--data", str(repo), "--out", str(out), "--tokenizer", "bpe-bytes",
+                 "--vocab_size", "300", "--workers", "1"]) == 0
+    said = capsys.readouterr().out
+    assert "reads as a dataset repository: its train split's 2 Parquet file(s); left out 2 " \
+        "other file(s): README.md, data/test-00000-of-00001.parquet" in said
+    assert _documents(out) == [*DOCS[:2], *DOCS[3:]]
+    (repo / "data" / "test-00000-of-00001.parquet").unlink()  # no splits named but train
+    assert main(["prepare", "--data", str(repo), "--out", str(tmp_path / "d2"), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300", "--workers", "1"]) == 0
+    assert "2 Parquet file(s); left out 1 other file(s): README.md" in capsys.readouterr().out
+
+
 def test_a_damaged_parquet_file_names_the_file_and_row_group(shapes, tmp_path, capsys):
     root, _ = shapes
     raw = (root / "rows.parquet").read_bytes()

@@ -226,7 +226,7 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
     ``tokenizer``: a run's own (resume, evaluate, --init_from) instead of a fresh fit;
     ``say_reused``: whether to say that the folder was there; ``text_field``: the field of
     JSONL records and table rows that holds the text (part of the key when not "text")."""
-    files = source_files(sources)
+    files = source_files(sources, echo)
     check_text_field(files, text_field)
     prints = fingerprint(files)
     asked = {"kind": kind, "vocab_size": vocab, "sample": DEFAULT_BPE_SAMPLE * (kind != "char"),

@@ -65,7 +65,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     ``prepare`` command's default), "keep" leaves them; ``start_from``: the model folder whose
     tokenizer this is, which the hint at the end trains from (``--init_from``)."""
     check_val_fraction(val_fraction)
-    files = source_files(sources)
+    files = source_files(sources, echo)
     check_text_field(files, text_field)
     read = {"text_field": text_field, "encoding": encoding, "errors": errors,
             "newline": newline}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +61,44 @@ def refuse_non_text_folder(path: Path) -> None:
                         f"the text it was trained on")
 
 
-def source_files(sources: list[str]) -> list[Path]:
+def repository_files(folder: Path, found: list[Path]) -> tuple[list[Path], str | None]:
+    """(the files to read, a note or None) of a folder laid out as a Hugging Face dataset
+    repository: where it holds Parquet files, they are the data and its other files
+    (README.md, LICENSE) describe it; where their names or folders name splits
+    (data/train-00000-of-00001.parquet, test-..., validation/...), the train split alone is
+    the training text. Any other folder: all its files, no note."""
+    tables = [p for p in found if p.suffix.lower() == ".parquet"]
+    if not tables:
+        return found, None
+    splits = {p: _split_of(p.relative_to(folder)) for p in tables}
+    train = [p for p in tables if splits[p] == "train"]
+    kept = train if train and len(train) < len(tables) else tables
+    left = [p for p in found if p not in kept]
+    if not left:
+        return found, None
+    which = "its train split's " if kept is train else ""
+    shown = ", ".join(str(p.relative_to(folder)) for p in left[:4])
+    return kept, (f"note: {folder} reads as a dataset repository: {which}{len(kept)} Parquet "
+                  f"file(s); left out {len(left)} other file(s): {shown}"
+                  f"{' ...' if len(left) > 4 else ''} (name files or a glob to read others)")
+
+
+SPLITS = ("train", "validation", "valid", "test", "dev", "eval")
+
+
+def _split_of(relative: Path) -> str | None:
+    """The split a Parquet file's path names (train-0000-of-0001.parquet, train/0.parquet)."""
+    for part in relative.parts:
+        head = re.split(r"[-_.]", part.lower(), maxsplit=1)[0]
+        if head in SPLITS:
+            return head
+    return None
+
+
+def source_files(sources: list[str], echo=None) -> list[Path]:
     """Files named by --data: bundled names, files, folders (their files, sorted; a
-    save_to_disk folder: its Arrow files), globs."""
+    save_to_disk folder: its Arrow files; a dataset repository: ``repository_files``),
+    globs. ``echo`` says what a folder's files left out, where given."""
     files: list[Path] = []
     for source in sources:
         if source in BUNDLED:
@@ -76,6 +112,9 @@ def source_files(sources: list[str]) -> list[Path]:
             found = folder_files(path)
             if not found:
                 raise UserError(f"{source} is an empty folder: no files to read")
+            found, note = repository_files(path, found)
+            if note and echo is not None:
+                echo(note)
             files += found
         elif any(ch in source for ch in "*?["):
             found = sorted(Path().glob(source)) if not path.is_absolute() else \
