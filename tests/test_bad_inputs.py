@@ -509,3 +509,17 @@ def test_noam_with_muon_takes_a_learning_rate_which_scales_muons(tmp_path, capsy
     check_user_error(capsys, ["train", "--data", text, "--out", tmp_path / "p", *TINY,
                               "--lr_schedule", "noam", "--optimizer", "muon", "--min_lr", "0"],
                      "--min_lr would change nothing")
+
+
+def test_nothing_to_resume_says_why(tmp_path, capsys):
+    """No checkpoints/ folder, an empty one, one whose only checkpoint was cut short: each
+    said as it is (an empty checkpoints/ folder was "no checkpoints/ folder")."""
+    out = tmp_path / "run"
+    resume = ["train", "--out", out, "--resume", "--quiet"]
+    out.mkdir()
+    check_user_error(capsys, resume, "nothing to resume", "it has no checkpoints/ folder")
+    (out / "checkpoints").mkdir()
+    check_user_error(capsys, resume, "its checkpoints/ folder is empty")
+    (out / "checkpoints" / "step_0000010").mkdir()
+    check_user_error(capsys, resume, "holds no complete checkpoint (step_0000010 has no "
+                                     "trainer_state.json: a save cut short)")

@@ -209,6 +209,18 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
+def why_no_checkpoint(out_dir: Path) -> str:
+    """Why ``list_checkpoints`` finds none: no checkpoints/ folder, or none complete in it."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return f"it has no {CHECKPOINTS}/ folder"
+    started = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not started:
+        return f"its {CHECKPOINTS}/ folder is empty"
+    return (f"its {CHECKPOINTS}/ folder holds no complete checkpoint ({', '.join(started[:3])} "
+            f"{'has' if len(started) == 1 else 'have'} no {STATE_JSON}: a save cut short)")
+
+
 def read_state(folder: Path) -> dict:
     """trainer_state.json of a checkpoint folder (step, train_seconds, ...)."""
     return read_json_object(Path(folder) / STATE_JSON)

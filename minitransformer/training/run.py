@@ -88,7 +88,7 @@ def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
         raise UserError("--resume continues the run in --out and --force replaces it: "
                         "give one of them")
     if resume and not ckpt.list_checkpoints(out_dir):
-        raise UserError(f"nothing to resume in {out_dir}: it has no checkpoints/ folder")
+        raise UserError(f"nothing to resume in {out_dir}: {ckpt.why_no_checkpoint(out_dir)}")
     if not resume and has_run and not force:
         if ckpt.run_containing(out_dir) is None:  # another tool's model, or a damaged run
             raise UserError(f"{out_dir} already holds a model's files (config.json or "
