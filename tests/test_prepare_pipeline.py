@@ -315,3 +315,24 @@ def test_prepared_ids_past_the_vocabulary_are_a_user_error(tmp_path, tiny_corpus
                  "debug", "--max_iters", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "past the model's" in err and "prepare it again" in err, err
+
+
+def test_a_character_a_given_char_tokenizer_lacks_names_its_file(tmp_path, capsys):
+    """prepare --tokenizer_from and train --init_from a char run, on a file with characters
+    the run never saw: the error names the file (it used to name the character only)."""
+    from minitransformer.cli import main
+
+    run_text, other = tmp_path / "en.txt", tmp_path / "zh.txt"
+    run_text.write_text("to be or not to be, that is the question.\n" * 80, encoding="utf-8")
+    other.write_text("to be or not\n风吹草低见牛羊\n" * 20, encoding="utf-8")
+    assert main(["train", "--data", str(run_text), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--max_iters", "1", "--eval_iters", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    for argv in (["prepare", "--data", str(run_text), str(other), "--out",
+                  str(tmp_path / "dd"), "--tokenizer_from", str(tmp_path / "run")],
+                 ["train", "--init_from", str(tmp_path / "run"), "--data", str(other),
+                  "--out", str(tmp_path / "ft"), "--quiet"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{other}" in err and "never saw" in err and "'风'" in err, err
+        assert err.count("\n") == 1, err

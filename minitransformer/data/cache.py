@@ -175,7 +175,10 @@ def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer, text_
         known = set(tokenizer.chars)
         for doc in docs:
             if not set(doc.text) <= known:
-                tokenizer.encode(doc.text)  # raises UnknownCharactersError, naming them
+                try:
+                    tokenizer.encode(doc.text)  # raises UnknownCharactersError, naming them
+                except UserError as e:
+                    raise UserError(f"{doc.where}: {e}") from None
     elif tokenizer is not None:
         for _ in docs:
             pass

@@ -48,6 +48,16 @@ def _bar(total: int, desc: str):
                 disable=not sys.stderr.isatty() or None)
 
 
+def check_alphabet(data: bytes, known: set[str], path) -> None:
+    """Text for a given char tokenizer: a character its alphabet lacks is named with its file
+    (the encoder itself can only say that some piece held one)."""
+    unseen = set(data.decode("utf-8", "surrogatepass")) - known
+    if unseen:
+        shown = ", ".join(repr(c) for c in sorted(unseen)[:10])
+        raise UserError(f"{path}: the text has {len(unseen)} character(s) the tokenizer never "
+                        f"saw: {shown}")
+
+
 def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    special_tokens: tuple[str, ...] = (), bpe_separator: str = "\n\n",
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
@@ -84,11 +94,15 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     if spec["kind"] == "char":
         workers = 1  # a table lookup costs less than sending the text to another process
     fitting = time.perf_counter() - start
+    known = set(fitted.chars) if not fit and fitted.kind == "char" else None
     with _bar(total, "encode") as bar:
         def texts():
-            for new_doc, data, size in byte_blocks(files, **read):
-                bar.update(size)
-                yield new_doc, data
+            for path in files:  # one at a time: a character a given alphabet lacks names it
+                for new_doc, data, size in byte_blocks([path], **read):
+                    if known is not None:
+                        check_alphabet(data, known, path)
+                    bar.update(size)
+                    yield new_doc, data
         manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,
                                 spec)
     encoding_s = time.perf_counter() - start - fitting
