@@ -175,10 +175,7 @@ def _fit(files, encoding, newline, kind, vocab, special_tokens, tokenizer, text_
         known = set(tokenizer.chars)
         for doc in docs:
             if not set(doc.text) <= known:
-                try:
-                    tokenizer.encode(doc.text)  # raises UnknownCharactersError, naming them
-                except UserError as e:
-                    raise UserError(f"{doc.where}: {e}") from None
+                tokenizer.encode(doc.text)  # raises UnknownCharactersError, naming them
     elif tokenizer is not None:
         for _ in docs:
             pass
