@@ -135,6 +135,28 @@ def llama_run(llama_folder, tmp_path_factory):
     return run
 
 
+def test_an_empty_prompt_is_the_start_token_alone(llama_folder, llama_run, tmp_path, capsys):
+    """sample --prompt "" on a Llama: what transformers' generate writes after <s> alone; a
+    model whose tokenizer has no start token refuses an empty prompt, after loading it."""
+    model, folder = llama_folder
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    out = model.generate(torch.tensor([[1]]), max_new_tokens=6, min_new_tokens=6,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    expected = tok.decode(out[0, 1:], skip_special_tokens=True)
+    for source in (["--hf", str(folder)], [str(llama_run)]):
+        assert main(["sample", *source, "--prompt", "", "--max-new-tokens", "6",
+                     "--temperature", "0"]) == 0
+        assert capsys.readouterr().out == expected + "\n"
+    char = tmp_path / "char.txt"
+    char.write_text("to be or not to be\n" * 50)
+    assert main(["train", "--data", str(char), "--out", str(tmp_path / "c"), "--preset",
+                 "debug", "--max_iters", "1", "--eval_iters", "1", "--quiet"]) == 0
+    assert main(["sample", str(tmp_path / "c"), "--prompt", ""]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err
+
+
 def test_a_run_from_a_llama_folder_samples_and_serves_from_its_start_token(llama_folder,
                                                                            llama_run, capsys):
     """``sample`` and ``serve``'s completions continue <s> + prompt; the playground's token

@@ -59,7 +59,8 @@ def add_sample(sub) -> None:
                         "folder (default none)")
     s.add_argument("--prompt", default="\n", type=cli_text,
                    help="text to continue (default a newline); a tokenizer that starts "
-                        "every text with a token, as Llama's <s>, puts it first")
+                        "every text with a token, as Llama's <s>, puts it first (and \"\" "
+                        "is that token alone)")
     s.add_argument("--max-new-tokens", "--max_new_tokens", type=positive_int, default=500,
                    help="tokens to generate per sample (default 500)")
     s.add_argument("--num-samples", "--num_samples", type=positive_int, default=1,
@@ -149,8 +150,6 @@ def check_sampling_args(args) -> None:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
     if args.temperature < 0 or not math.isfinite(args.temperature):
         raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if not args.prompt:
-        raise UserError("--prompt is empty: give at least one character")
     if args.temperature == 0:  # greedy: nothing is drawn, so nothing of a draw applies
         asked = [flag for flag, on in (("--top_k", args.top_k), ("--top_p", args.top_p < 1),
                                        ("--seed", args.seed is not None)) if on]
@@ -185,7 +184,12 @@ def check_window_args(args, model) -> None:
 
 def _write_samples(model, tokenizer, ids: list[int], args, device) -> None:
     """One sample: the prompt, then each piece as soon as it is a whole character. Several:
-    generated together in one batch, then each written out, nanoGPT's separator after each."""
+    generated together in one batch, then each written out, nanoGPT's separator after each.
+    An empty prompt is the tokenizer's start token alone, where it has one (Llama's <s>)."""
+    if not ids:
+        raise UserError("--prompt is empty: give at least one character (this model's "
+                        "tokenizer has no start token to begin from)" if not args.prompt else
+                        "the prompt encodes to no tokens")
     check_window_args(args, model)
     with decoding_weights(model, use_cache=not args.no_cache):  # packed for the whole run
         _stream_samples(model, tokenizer, ids, args, device)
@@ -244,9 +248,7 @@ def _sample_hf(args, device) -> int:
     # characters, and special tokens (</s>, <|endoftext|>) are left out of what is written
     tokenizer = as_char_tokenizer(hf_tokenizer) or BPETokenizer(hf_tokenizer.tokenizer)
     ids = tokenizer.encode_prompt(args.prompt)  # Llama's <s> first, as transformers does
-    if not ids:
-        raise UserError("the prompt encodes to no tokens")
-    if max(ids) >= model.config.vocab_size:
+    if ids and max(ids) >= model.config.vocab_size:
         raise UserError(f"the tokenizer in {args.hf} does not fit the model (token id "
                         f"{max(ids)} >= vocab_size {model.config.vocab_size})")
     print(describe(model), file=sys.stderr)
