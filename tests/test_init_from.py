@@ -202,6 +202,10 @@ def test_bad_inputs_are_one_line_and_exit_2(gpt2, corpus, tmp_path, capsys):
                         ("--tokenizer", "char")):
         err = bad(capsys, "--init_from", str(folder), *run, flag, value)
         assert err.startswith(f"minitransformer train: error: {flag}"), err
+    # said before the data is read (a large corpus was prepared first): a missing one is not
+    err = bad(capsys, "--init_from", str(folder), "--data", str(tmp_path / "missing.txt"),
+              "--out", str(tmp_path / "o"), "--block_size", "128")
+    assert err.startswith("minitransformer train: error: --block_size 128"), err
     assert "encoder" in bad(capsys, "--init_from", str(folder), "--model", "encoder", *run)
     assert "--init_from" in bad(capsys, "--preset", "finetune", *run)  # nothing to fine-tune
     assert not (tmp_path / "o").exists()

@@ -215,6 +215,7 @@ def pretrained_run(req: TrainRequest, echo=print):
         raise UserError(f"--tokenizer: a run started from {source.path} keeps its tokenizer; "
                         f"drop the flag")
     model_f, train_f = split_for(family, req.fields)
+    family.init_fields(source, model_f)  # a flag that would change the model: before the data
     preset = req.preset or "finetune"
     train_cfg = _train_config({**split_for(family, family.preset(preset))[1], **train_f},
                               req.fields, echo)
