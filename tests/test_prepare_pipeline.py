@@ -318,13 +318,16 @@ def test_prepared_ids_past_the_vocabulary_are_a_user_error(tmp_path, tiny_corpus
 
 
 def test_a_character_a_given_char_tokenizer_lacks_names_its_file(tmp_path, capsys):
-    """prepare --tokenizer_from and train --init_from a char run, on a file with characters
-    the run never saw: the error names the file (it used to name the character only)."""
+    """prepare --tokenizer_from a char run, on files with characters the run never saw: the
+    error names the file (it used to name the characters only), also past the first block
+    of a large file; train --init_from names its --data, as it did."""
     from minitransformer.cli import main
 
     run_text, other = tmp_path / "en.txt", tmp_path / "zh.txt"
     run_text.write_text("to be or not to be, that is the question.\n" * 80, encoding="utf-8")
     other.write_text("to be or not\n风吹草低见牛羊\n" * 20, encoding="utf-8")
+    big = tmp_path / "big.txt"  # 1.5 MB: read in blocks that end inside a character
+    big.write_text("你" * 500_000, encoding="utf-8")
     assert main(["train", "--data", str(run_text), "--out", str(tmp_path / "run"), "--preset",
                  "debug", "--max_iters", "1", "--eval_iters", "1", "--quiet"]) == 0
     capsys.readouterr()
@@ -336,3 +339,6 @@ def test_a_character_a_given_char_tokenizer_lacks_names_its_file(tmp_path, capsy
         err = capsys.readouterr().err
         assert f"{other}" in err and "never saw" in err and "'风'" in err, err
         assert err.count("\n") == 1, err
+    assert main(["prepare", "--data", str(big), "--out", str(tmp_path / "d2"),
+                 "--tokenizer_from", str(tmp_path / "run")]) == 2  # was a UnicodeDecodeError
+    assert f"{big}: the text has 1 character(s)" in capsys.readouterr().err

@@ -161,6 +161,11 @@ def test_a_dataset_repository_folder_reads_its_train_split_alone(tmp_path, capsy
     assert main(["prepare", "--data", str(repo), "--out", str(tmp_path / "d2"), "--tokenizer",
                  "bpe-bytes", "--vocab_size", "300", "--workers", "1"]) == 0
     assert "2 Parquet file(s); left out 1 other file(s): README.md" in capsys.readouterr().out
+    (repo / "README.md").write_text("# My notes, no dataset card\n")  # an ordinary folder
+    assert main(["prepare", "--data", str(repo), "--out", str(tmp_path / "d3"), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300", "--workers", "1"]) == 0
+    assert "dataset repository" not in capsys.readouterr().out
+    assert "# My notes" in _documents(tmp_path / "d3")[0]  # every file read, as before
 
 
 def test_a_damaged_parquet_file_names_the_file_and_row_group(shapes, tmp_path, capsys):
@@ -295,6 +300,11 @@ def test_an_empty_last_file_of_a_folder_is_no_val_split(tmp_path, capsys):
     assert main(["train", "--data", str(folder / "z.txt"), "--out", str(tmp_path / "r2"),
                  "--preset", "debug", "--quiet"]) == 2
     assert "z.txt is empty" in capsys.readouterr().err
+    (folder / "a.txt").write_text("")
+    (folder / "b.txt").write_text(" \n")
+    for command in ("prepare", "train"):
+        assert main([command, "--data", str(folder), "--out", str(tmp_path / "r3")]) == 2
+        assert "every file of --data is empty" in capsys.readouterr().err
 
 
 def test_val_start_leaves_val_text_where_the_last_document_is_empty_or_short():

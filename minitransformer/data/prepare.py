@@ -12,6 +12,7 @@ read; running the same command again starts it over and writes the same bytes.
 
 from __future__ import annotations
 
+import codecs
 import os
 import shlex
 import sys
@@ -48,10 +49,11 @@ def _bar(total: int, desc: str):
                 disable=not sys.stderr.isatty() or None)
 
 
-def check_alphabet(data: bytes, known: set[str], path) -> None:
+def check_alphabet(data: bytes, known: set[str], path, decoder) -> None:
     """Text for a given char tokenizer: a character its alphabet lacks is named with its file
-    (the encoder itself can only say that some piece held one)."""
-    unseen = set(data.decode("utf-8", "surrogatepass")) - known
+    (the encoder itself can only say that some piece held one). ``decoder``: the file's
+    incremental UTF-8 decoder (a block may end inside a character)."""
+    unseen = set(decoder.decode(data)) - known
     if unseen:
         shown = ", ".join(repr(c) for c in sorted(unseen)[:10])
         raise UserError(f"{path}: the text has {len(unseen)} character(s) the tokenizer never "
@@ -98,9 +100,10 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     with _bar(total, "encode") as bar:
         def texts():
             for path in files:  # one at a time: a character a given alphabet lacks names it
+                decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
                 for new_doc, data, size in byte_blocks([path], **read):
                     if known is not None:
-                        check_alphabet(data, known, path)
+                        check_alphabet(data, known, path, decoder)
                     bar.update(size)
                     yield new_doc, data
         manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,

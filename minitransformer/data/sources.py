@@ -66,9 +66,10 @@ def repository_files(folder: Path, found: list[Path]) -> tuple[list[Path], str |
     repository: where it holds Parquet files, they are the data and its other files
     (README.md, LICENSE) describe it; where their names or folders name splits
     (data/train-00000-of-00001.parquet, test-..., validation/...), the train split alone is
-    the training text. Any other folder: all its files, no note."""
+    the training text. A repository: a README.md that opens with YAML front matter (a dataset
+    card) or a .gitattributes file. Any other folder: all its files, no note."""
     tables = [p for p in found if p.suffix.lower() == ".parquet"]
-    if not tables:
+    if not tables or not _is_repository(folder):
         return found, None
     splits = {p: _split_of(p.relative_to(folder)) for p in tables}
     train = [p for p in tables if splits[p] == "train"]
@@ -84,6 +85,17 @@ def repository_files(folder: Path, found: list[Path]) -> tuple[list[Path], str |
 
 
 SPLITS = ("train", "validation", "valid", "test", "dev", "eval")
+
+
+def _is_repository(folder: Path) -> bool:
+    """Whether ``folder`` looks cloned from the Hugging Face Hub (see ``repository_files``)."""
+    if (folder / ".gitattributes").is_file():
+        return True
+    try:
+        with open(folder / "README.md", "rb") as f:
+            return f.readline(64).strip() == b"---"
+    except OSError:
+        return False
 
 
 def _split_of(relative: Path) -> str | None:
@@ -131,7 +143,19 @@ def source_files(sources: list[str], echo=None) -> list[Path]:
                             f"folder or glob that holds it, or a link to it): give each file "
                             f"once")
         seen[key] = path
+    if len(files) > 1 and all(_blank(p) for p in files):  # one alone: load_text says so
+        raise UserError(f"every file of --data is empty (or only whitespace): "
+                        f"{', '.join(str(p) for p in files[:3])}{' ...' * (len(files) > 3)}")
     return files
+
+
+def _blank(path: Path, limit: int = 1 << 16) -> bool:
+    """Whether a file holds nothing but whitespace (a larger one than ``limit`` never is)."""
+    try:
+        size = path.stat().st_size
+        return size == 0 or (size <= limit and not path.read_bytes().strip())
+    except OSError:  # said when it is read
+        return False
 
 
 def folder_files(folder: Path) -> list[Path]:

@@ -246,7 +246,7 @@ def resumed_run(req: TrainRequest):
     checkpoint."""
     found = ckpt.list_checkpoints(req.out)
     if not found:
-        raise UserError(f"nothing to resume in {req.out}: it has no checkpoints/ folder")
+        raise UserError(f"nothing to resume in {req.out}: {ckpt.why_no_checkpoint(req.out)}")
     meta = ckpt.read_meta(found[-1])
     family = family_of(meta)
     if req.preset is not None and meta.get("preset", req.preset) != req.preset:
