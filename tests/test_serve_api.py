@@ -111,7 +111,8 @@ def test_a_choice_that_draws_the_models_end_token_stops_there(run, monkeypatch):
     ends a choice: finish_reason "stop", the token not in the text but counted, as OpenAI's
     models stop at theirs. Here the end is the third token the seeded sample draws."""
     drawn = run.tokenizer.encode(reference(run, PROMPT, 3, 7))
-    monkeypatch.setattr(type(run.family), "end_token", lambda self, tok, meta: drawn[2])
+    monkeypatch.setattr(type(run.family), "end_tokens",
+                        lambda self, tok, meta: frozenset({drawn[2]}))
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 10, "seed": 7, "logprobs": 0}
     with running(create_app(run, Settings(model_id="tiny"))) as u:
         for stream in (False, True):

@@ -320,20 +320,21 @@ def test_a_llama_tokenizers_documents_end_with_its_own_tokens(llama_folder, tmp_
     assert stream(cache_root() / TOKENS_DIR / cache) == ids
 
 
-def test_the_token_a_served_completion_ends_at(llama_run, tmp_path):
+def test_the_tokens_a_served_completion_ends_at(llama_run, tmp_path):
     """Our BPE runs and GPT-2's end at <|endoftext|>, a Llama run at </s>, a run from a
-    Qwen-instruct folder at its eos_token <|im_end|>; a char run never ends early."""
+    Qwen-instruct folder at its eos_token <|im_end|> and at the <|endoftext|> between its
+    documents (transformers stops Qwen at both); a char run never ends early."""
     from minitransformer.families import FAMILIES
 
     gpt = FAMILIES["gpt"]
     run = load_run(llama_run)
-    assert gpt.end_token(run.tokenizer, run.meta) == 2  # </s>
+    assert gpt.end_tokens(run.tokenizer, run.meta) == {2}  # </s>
     ours = BPETokenizer.train(["to be or not to be"] * 20, 300, special_tokens=["<|endoftext|>"])
-    assert gpt.end_token(ours, {}) == ours.token_to_id("<|endoftext|>") == 0
+    assert gpt.end_tokens(ours, {}) == {ours.token_to_id("<|endoftext|>")} == {0}
     qwen = BPETokenizer(word_tokenizer(specials=QWEN))
-    assert gpt.end_token(qwen, {}) == 0  # <|endoftext|> by name
+    assert gpt.end_tokens(qwen, {}) == {0}  # <|endoftext|> by name
     meta = {"init_from": {"kind": "hf", "special_tokens": {"eos_token": "<|im_end|>"}}}
-    assert gpt.end_token(qwen, meta) == 2
-    assert gpt.end_token(BPETokenizer(word_tokenizer(specials=["<unk>", "a1", "a2", "a3",
-                                                              "a4"])), {}) is None
-    assert gpt.end_token(CharTokenizer.fit("abc"), {}) is None
+    assert gpt.end_tokens(qwen, meta) == {0, 2}
+    assert gpt.end_tokens(BPETokenizer(word_tokenizer(specials=["<unk>", "a1", "a2", "a3",
+                                                               "a4"])), {}) == set()
+    assert gpt.end_tokens(CharTokenizer.fit("abc"), {}) == set()

@@ -193,9 +193,9 @@ class Family:
     def attention_views(self, model, tokenizer, text: str, target: str | None = None):
         raise NotImplementedError
 
-    def end_token(self, tokenizer, meta: dict) -> int | None:
-        """The id at which a served completion ends (None: it ends at max_tokens only)."""
-        return None
+    def end_tokens(self, tokenizer, meta: dict) -> frozenset[int]:
+        """The ids at which a served completion ends (none: it ends at max_tokens only)."""
+        return frozenset()
 
     def translate(self, model, tokenizer, lines: list[str], options: dict,
                   device) -> list[str]:

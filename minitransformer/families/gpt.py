@@ -18,7 +18,7 @@ from ..data import get_batch
 from ..models import GPT
 from ..presets import GPT as PRESETS
 from ..tokenizers.fitting import GPT_SPECIALS
-from ..tokenizers.specials import document_separator
+from ..tokenizers.specials import document_separator, end_token
 from ..training.trainer import LanguageModelTask
 from ..viz.explain import explain_gpt
 from ..viz.views import self_attention_views
@@ -59,17 +59,15 @@ class GPTFamily(StreamFamily):
         return self.bpe_separator if inner is None else document_separator(inner,
                                                                           self.bpe_separator)
 
-    def end_token(self, tokenizer, meta: dict) -> int | None:
-        """The eos_token of the folder the run started from, else the end token between its
-        documents (<|endoftext|>, Llama's </s>); a char run has none."""
-        inner = getattr(tokenizer, "hf", None)
+    def end_tokens(self, tokenizer, meta: dict) -> frozenset[int]:
+        """The eos_token of the folder the run started from (Qwen-instruct's <|im_end|>) and
+        the end token between its documents (<|endoftext|>, Llama's </s>), which the model
+        learns to write where a text ends; a char run has neither."""
+        inner = getattr(tokenizer, "hf", None) or getattr(tokenizer, "tokenizer", None)
         if inner is None:
-            return None
-        named = source_roles(meta).get("eos_token")
-        end = inner.token_to_id(named) if named else None
-        sep = self.separator(tokenizer)
-        first = inner.encode(sep, add_special_tokens=False).ids[:1] if sep != "\n\n" else []
-        return end if end is not None else first[0] if first else None
+            return frozenset()
+        named = (source_roles(meta).get("eos_token"), end_token(inner, self.bpe_separator))
+        return frozenset(i for i in (inner.token_to_id(t) for t in named if t) if i is not None)
 
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         tok = prepared.tokenizer

@@ -32,7 +32,7 @@ from tokenizers import (
 
 from ..errors import UserError
 from ..tokenizers import CharTokenizer
-from ..tokenizers.specials import leading_specials, prompt_ids
+from ..tokenizers.specials import leading_specials, prompt_ids, special_tokens
 
 
 class HFTokenizer:
@@ -170,7 +170,7 @@ def _special_roles(tok: Tokenizer, given: dict[str, str] | None = None) -> dict[
     """Role -> token for the special tokens ``tok`` declares: the roles ``given`` (a source
     folder's) where their token is one of them, then the post-processor's leading token as
     bos_token (Llama 3's <|begin_of_text|>), then by name (``SPECIAL_ROLES``), lowest id first."""
-    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    specials = special_tokens(tok)
     roles = {role: token for role, token in (given or {}).items() if token in specials}
     lead = leading_specials(tok)
     if lead:

@@ -93,7 +93,7 @@ def _check_model(settings: Settings, name: str) -> None:
 
 
 def _add_v1(v1: APIRouter, run, settings: Settings, worker: Worker) -> None:
-    end = run.family.end_token(run.tokenizer, run.meta)  # where a completion stops, if any
+    end = run.family.end_tokens(run.tokenizer, run.meta)  # where a completion stops, if any
 
     @v1.get("/models")
     async def models() -> dict:

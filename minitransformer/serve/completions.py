@@ -44,7 +44,7 @@ class Plan:
     seed: int | None
     logprobs: int | None
     include_usage: bool = False  # stream_options: a last chunk with the usage
-    end: int | None = None  # the model's end-of-text id: a choice that draws it stops there
+    end: frozenset[int] = frozenset()  # the model's end-of-text ids: a choice stops at one
 
 
 def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> list[int]:
@@ -80,9 +80,9 @@ def _token_ids(tokenizer, ids: list[int], i: int | None, max_prompt_tokens: int)
 
 
 def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
-                    max_prompt_tokens: int, end: int | None = None) -> Plan:
+                    max_prompt_tokens: int, end: frozenset[int] = frozenset()) -> Plan:
     """Check a request beyond its types; every problem is a 400 naming its field. ``end``:
-    the id that ends a choice (``Family.end_token``), as OpenAI's models stop at theirs."""
+    the ids that end a choice (``Family.end_tokens``), as OpenAI's models stop at theirs."""
     options = req.stream_options
     asked = {"echo": req.echo, "suffix": req.suffix is not None,
              "best_of": req.best_of not in (None, req.n), "logit_bias": bool(req.logit_bias),
@@ -149,7 +149,7 @@ def _emit(rows: list[Row]) -> None:
 
 def _step(row: Row, step: int, token: int, lp, tokenizer) -> None:
     row.produced += 1
-    if token == row.plan.end:  # the end of the text: finish_reason "stop", the token unshown
+    if token in row.plan.end:  # the end of the text: finish_reason "stop", the token unshown
         row.choice.end(tokenizer, "stop")
         return
     row.choice.add(token, lp, row.plan.logprobs or 0, tokenizer)

@@ -47,17 +47,27 @@ def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids if ids[:len(lead)] == lead else lead + ids
 
 
+def special_tokens(tokenizer: Tokenizer) -> set[str]:
+    """The tokens the tokenizer marks special (its added tokens with ``special``)."""
+    return {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+
+
+def end_token(tokenizer: Tokenizer, wanted: str) -> str | None:
+    """The token that ends a document: ``wanted`` (GPT-2's <|endoftext|>) where it is one of
+    the tokenizer's special tokens, else the first of ``END_TOKENS`` that is; else None."""
+    specials = special_tokens(tokenizer)
+    return next((t for t in (wanted, *END_TOKENS) if t in specials), None)
+
+
 def document_separator(tokenizer: Tokenizer, wanted: str) -> str:
-    """The text between two documents: ``wanted`` (a special token's name) where the
-    tokenizer has that special token; else its end token (``END_TOKENS``), then its
-    leading specials; else a blank line."""
-    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    if wanted in specials:
-        return wanted
-    end = next((t for t in END_TOKENS if t in specials), None)
-    if end is None:
-        return "\n\n"
+    """The text between two documents: ``wanted`` where the tokenizer has that special
+    token; else its end token (``end_token``), then its leading specials; else a blank
+    line."""
+    end = end_token(tokenizer, wanted)
+    if end is None or end == wanted:
+        return end or "\n\n"
     return end + "".join(tokenizer.id_to_token(i) for i in leading_specials(tokenizer))
 
 
-__all__ = ["document_separator", "leading_specials", "prompt_ids"]
+__all__ = ["END_TOKENS", "document_separator", "end_token", "leading_specials", "prompt_ids",
+           "special_tokens"]
