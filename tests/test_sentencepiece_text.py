@@ -92,3 +92,17 @@ def test_sample_keeps_the_space_before_what_it_adds(folder, tmp_path, capsys):
     logprobs = choice["logprobs"]
     assert "".join(logprobs["tokens"]) == choice["text"]
     assert logprobs["text_offset"][0] == len(PROMPT) and logprobs["tokens"][0].startswith(" ")
+
+
+def test_after_the_start_token_alone_the_text_begins_without_a_space(folder, capsys):
+    """sample --prompt "": after <s> alone there is no text, so the first word has no space
+    before it, as transformers decodes it."""
+    model, out = folder
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    full = model.generate(torch.tensor([[1]]), max_new_tokens=6, min_new_tokens=6,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)
+    expected = tok.decode(full[0], skip_special_tokens=True)
+    assert not expected.startswith(" ")
+    assert main(["sample", "--hf", str(out), "--prompt", "", "--max-new-tokens", "6",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == expected + "\n"

@@ -205,14 +205,14 @@ def _stream_samples(model, tokenizer, ids: list[int], args, device) -> None:
     if n == 1:
         out.write(args.prompt)
         out.flush()
-        for piece in stream_text(tokens, tokenizer):  # whole characters, even from byte-level BPE
+        for piece in stream_text(tokens, tokenizer, ids):  # whole characters, even byte-level
             out.write(piece)
             out.flush()
         out.write("\n")
         return
     new = torch.cat(list(tokens), dim=1)  # (N, max_new_tokens)
     for row in new:
-        out.write(args.prompt + "".join(stream_text(row.view(-1, 1, 1), tokenizer)) + "\n")
+        out.write(args.prompt + "".join(stream_text(row.view(-1, 1, 1), tokenizer, ids)) + "\n")
         out.write("---------------\n")
     out.flush()
 

@@ -74,6 +74,7 @@ class Choice:
     index: int
     stops: list[str]
     offset: int = 0  # text_offset of the completion's first character (the prompt's length)
+    before: list[int] | None = None  # the prompt's ids, which the text continues
     ids: list[int] = field(default_factory=list)
     text: str = ""  # decoded so far, whole characters
     sent: int = 0  # characters already handed out
@@ -100,7 +101,7 @@ class Choice:
             top = {token_label(tokenizer, i): v for i, v in sorted(pairs, key=lambda p: -p[1])}
             self.tokens.append(TokenInfo(token_label(tokenizer, token), start,
                                          float(logprobs[token]), top))
-        text = continuation(tokenizer, self.ids)  # a leading space kept (Llama's ▁)
+        text = continuation(tokenizer, self.ids, self.before)  # Llama's ▁: its space kept
         spelling = bool(self.utf8.getstate()[0]) if data is not None else \
             text.endswith("\ufffd")
         if spelling:
@@ -118,7 +119,7 @@ class Choice:
         "stop"): what is left, an unfinished character too."""
         if self.finish is None:
             self.finish = reason
-            self.text = continuation(tokenizer, self.ids)
+            self.text = continuation(tokenizer, self.ids, self.before)
 
     def take(self) -> tuple[str, list[TokenInfo]]:
         """The text and token entries that may be shown now (and are then counted as sent)."""

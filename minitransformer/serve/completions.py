@@ -208,8 +208,8 @@ def _decode_ragged(model, tokenizer, rows: list[Row]) -> None:
 
 
 def _rows(job, plan: Plan, p: int) -> list[Row]:
-    return [Row(job, plan, Choice(p * plan.n + j, plan.stops, offset=len(plan.prompts[p])),
-                plan.ids[p]) for j in range(plan.n)]
+    return [Row(job, plan, Choice(p * plan.n + j, plan.stops, offset=len(plan.prompts[p]),
+                                  before=plan.ids[p]), plan.ids[p]) for j in range(plan.n)]
 
 
 def _usage(plan: Plan, rows: list[Row]) -> dict:
