@@ -106,3 +106,19 @@ def test_after_the_start_token_alone_the_text_begins_without_a_space(folder, cap
     assert main(["sample", "--hf", str(out), "--prompt", "", "--max-new-tokens", "6",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out == expected + "\n"
+
+
+def test_continuation_reads_new_ids_after_the_prompts_own():
+    """Unit: '▁the' after the prompt "the model" is ' the'; after <s> alone (no text) 'the',
+    as transformers decodes <s>▁the; with no prompt given, after a probe token: ' the'."""
+    from minitransformer.tokenizers.streaming import continuation
+
+    sp = SentencePieceBPETokenizer()
+    sp.train_from_iterator([TEXT], vocab_size=90, special_tokens=["<unk>", "<s>", "</s>"],
+                           show_progress=False)
+    tok = BPETokenizer(sp._tokenizer)
+    the = tok.token_to_id("\u2581the")
+    assert the is not None and tok.decode([the]) == "the"
+    assert continuation(tok, [the], tok.encode(PROMPT)) == " the"
+    assert continuation(tok, [the], [1]) == "the"
+    assert continuation(tok, [the]) == " the"
