@@ -338,3 +338,31 @@ def test_the_tokens_a_served_completion_ends_at(llama_run, tmp_path):
     assert gpt.end_tokens(BPETokenizer(word_tokenizer(specials=["<unk>", "a1", "a2", "a3",
                                                                "a4"])), {}) == set()
     assert gpt.end_tokens(CharTokenizer.fit("abc"), {}) == set()
+
+
+def test_each_document_is_encoded_as_the_tokenizer_reads_a_text_alone(tmp_path):
+    """A Llama tokenizer whose Metaspace marks only a text's first word (prepend_scheme
+    "first"): between documents go the ids of </s><s>, and the next document's first word
+    keeps its mark, as when the tokenizer reads that document alone (written as the text
+    "</s><s>the", the word lost it)."""
+    from tokenizers import SentencePieceBPETokenizer, decoders, pre_tokenizers
+
+    from minitransformer.data.shards import open_shards, write_stream
+
+    sp = SentencePieceBPETokenizer()
+    sp.train_from_iterator(["the model is good and the old man is bad. " * 40], vocab_size=80,
+                           special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    hf = sp._tokenizer
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    hf.decoder = decoders.Metaspace(prepend_scheme="first")
+    hf.post_processor = LLAMA
+    tok = BPETokenizer(hf)
+    assert document_separator(hf, "<|endoftext|>") == "</s><s>"
+    docs = ["the model is good", "the old man", "and the model"]
+    write_stream(((True, d.encode()) for d in docs), tok, tmp_path / "dd", [], 0.3,
+                 "</s><s>")
+    _, train, val = open_shards(tmp_path / "dd")
+    ids = [int(i) for i in train[:len(train)]] + [int(i) for i in val[:len(val)]]
+    alone = [hf.encode(d, add_special_tokens=False).ids for d in docs]
+    assert ids == alone[0] + [2, 1] + alone[1] + [2, 1] + alone[2]
+    assert hf.id_to_token(alone[1][0]).startswith("\u2581")  # "▁the": the word's mark

@@ -144,27 +144,59 @@ def write_ids(pieces: Iterable[tuple[bool, np.ndarray, np.ndarray | None]], toke
     return writer.finish(sources, val_fraction)
 
 
+def special_ids(tokenizer, text: str) -> np.ndarray | None:
+    """The ids of ``text`` where it is one or more of the tokenizer's special tokens written
+    out (<|endoftext|>, </s><s>), else None (a blank line, or a char tokenizer)."""
+    hf = getattr(tokenizer, "hf", None)
+    if hf is None or not text:
+        return None
+    specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    ids, rest = [], text
+    while rest:
+        token = next((t for t in sorted(specials, key=len, reverse=True)
+                      if rest.startswith(t)), None)
+        if token is None:
+            return None
+        ids.append(specials[token])
+        rest = rest[len(token):]
+    return np.array(ids, dtype=np.int64)
+
+
 def write_stream(texts: Iterable[tuple[bool, bytes]], tokenizer, out_dir, sources: list[dict],
                  val_fraction: float = 0.1, separator: str = "", workers: int = 1,
                  spec: dict | None = None) -> dict:
     """Encode ``texts`` ((begins a document, UTF-8 bytes) blocks in order; ``separator`` before
     every document but the first) with ``workers`` processes into ``out_dir``; the manifest.
 
-    ``spec``: the encoder (``encode.choose_encoder``'s), else the tokenizer's own."""
+    ``spec``: the encoder (``encode.choose_encoder``'s), else the tokenizer's own. A separator
+    of special tokens alone (<|endoftext|>, Llama's </s><s>) goes in as their ids, and each
+    document is encoded on its own: a tokenizer that marks only a text's first word (Metaspace
+    "first") marks a document's, as the tokenizer reads a document alone."""
     check_val_fraction(val_fraction)
     mode, flags = cut_mode(tokenizer), deque()
+    between = special_ids(tokenizer, separator)
+    text_separator = b"" if between is not None else separator.encode("utf-8")
 
     def pieces():
-        for new_document, piece in cut_pieces(texts, mode, separator.encode("utf-8"),
-                                              PIECE_BYTES[mode]):
+        for new_document, piece in cut_pieces(texts, mode, text_separator, PIECE_BYTES[mode]):
             flags.append(new_document)
             yield piece
 
+    def with_separators(encoded):
+        first = True
+        for ids, counts in encoded:
+            new_document = flags.popleft()
+            if new_document and not first and between is not None:
+                ids = np.concatenate([between.astype(ids.dtype), ids])
+                counts = None if counts is None else \
+                    counts + np.bincount(between, minlength=len(counts))[:len(counts)]
+            first = first and not new_document
+            yield new_document, ids, counts
+
     try:
         with EncoderPool(spec or encoder_spec(tokenizer), workers) as pool:
-            return write_ids(((flags.popleft(), ids, counts) for ids, counts in
-                              pool.map(pieces())),
-                             tokenizer, out_dir, sources, val_fraction)
+            return write_ids(with_separators(pool.map(pieces())), tokenizer, out_dir, sources,
+                             val_fraction)
     except EncodeError as e:
         raise UserError(str(e)) from None
 
