@@ -214,6 +214,13 @@ def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, caps
         json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "passage"}))
     assert main(["embed", "--hf", str(folder), "hello"]) == 2
     assert "default_prompt_name 'passage' names no prompt" in _one_line_error(capsys)
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({**config,
+                                                                  "include_prompt": False}))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2  # pooled without the prompt
+    assert "include_prompt false" in _one_line_error(capsys)
 
 
 @pytest.fixture

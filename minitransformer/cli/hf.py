@@ -17,7 +17,7 @@ from ..families import load_run
 from ..families.base import chain_start
 from ..interop import describe, load_hf, save_hf
 from ..interop.hf import check_export_folder
-from ..interop.sentence import Pooling, read_pooling, sentence_texts
+from ..interop.sentence import Pooling, default_prompt, read_pooling, sentence_texts
 from ..interop.tokenizer import load_hf_tokenizer
 from ..models import EncoderModel
 from ..training import checkpoint as ckpt
@@ -164,6 +164,9 @@ def cmd_embed(args) -> int:
     device = pick_device(args.device)
     pooling = read_pooling(args.hf)  # before the weights are read
     texts = sentence_texts(args.hf, args.sentences)  # a default prompt, lowercased
+    if not pooling.include_prompt and default_prompt(args.hf):
+        raise UserError(f"{args.hf} pools without its prompt's tokens (include_prompt false), "
+                        f"which embed does not implement")
     model = load_hf(args.hf, device)
     if not isinstance(model, EncoderModel):
         raise UserError(f"{args.hf} holds a {type(model).__name__}; embed needs a BERT-style "

@@ -39,6 +39,7 @@ KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
 class Pooling:
     mode: str = "mean"  # mean, cls or max
     normalize: bool = True  # divide by the L2 norm
+    include_prompt: bool = True  # False: a prompt's tokens are left out of the pooling
 
 
 def _read_json(path: Path, what: str):
@@ -81,14 +82,24 @@ def read_pooling(folder) -> Pooling:
             raise UserError(f"{folder}'s Pooling module sets {len(chosen)} modes; embed "
                             f"pools by exactly one (mean, cls or max)")
         mode = chosen[0]
+        return Pooling(mode, "Normalize" in kinds, config.get("include_prompt") is not False)
     return Pooling(mode, "Normalize" in kinds)
 
 
 def sentence_texts(folder, sentences: list[str]) -> list[str]:
     """The texts the encoder reads for ``sentences``: the default prompt first, lowercased
     where the folder says so (as ``SentenceTransformer.encode``)."""
-    folder = Path(folder)
-    prompt, lower = "", False
+    folder, prompt, lower = Path(folder), default_prompt(folder), False
+    if (folder / "sentence_bert_config.json").is_file():
+        config = _read_json(folder / "sentence_bert_config.json", "the Transformer's settings")
+        lower = isinstance(config, dict) and config.get("do_lower_case") is True
+    texts = [prompt + s for s in sentences]
+    return [t.lower() for t in texts] if lower else texts
+
+
+def default_prompt(folder) -> str:
+    """The prompt ``SentenceTransformer.encode`` puts before each sentence ("" for none)."""
+    folder, prompt = Path(folder), ""
     if (folder / "config_sentence_transformers.json").is_file():
         config = _read_json(folder / "config_sentence_transformers.json",
                             "the sentence-transformers settings")
@@ -98,11 +109,7 @@ def sentence_texts(folder, sentences: list[str]) -> list[str]:
             raise UserError(f"{folder / 'config_sentence_transformers.json'}: its "
                             f"default_prompt_name {name!r} names no prompt in its prompts")
         prompt = prompts[name] if name else ""
-    if (folder / "sentence_bert_config.json").is_file():
-        config = _read_json(folder / "sentence_bert_config.json", "the Transformer's settings")
-        lower = isinstance(config, dict) and config.get("do_lower_case") is True
-    texts = [prompt + s for s in sentences]
-    return [t.lower() for t in texts] if lower else texts
+    return prompt
 
 
-__all__ = ["Pooling", "read_pooling", "sentence_texts"]
+__all__ = ["Pooling", "default_prompt", "read_pooling", "sentence_texts"]
