@@ -96,6 +96,29 @@ def make_encoder():
 
 
 @pytest.fixture(scope="session")
+def small_llama():
+    """make(vocab_size, seed) -> a small random LlamaForCausalLM (2 layers, 32 wide, 64
+    positions, bos 1, eos 2), its weights N(0, 0.3) but the norms' (varied logits)."""
+    transformers = pytest.importorskip("transformers")
+
+    def make(vocab_size: int, seed: int):
+        torch.manual_seed(seed)
+        cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32,
+                                       intermediate_size=48, num_hidden_layers=2,
+                                       num_attention_heads=2, max_position_embeddings=64,
+                                       bos_token_id=1, eos_token_id=2,
+                                       attn_implementation="eager")
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.normal_(0.0, 0.3)
+        return model
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_text() -> str:
     return TINY_TEXT
 

@@ -128,6 +128,15 @@ def test_embed_notes_a_sentence_cut_to_the_models_limit(minilm_path, capsys):
                                                                                   abs=1e-5)
 
 
+def embeds_as_sentence_transformers(st, folder, capsys, sentences: list[str]) -> None:
+    """embed --json on ``folder`` gives SentenceTransformer.encode's embeddings."""
+    assert main(["embed", "--hf", str(folder), "--json", *sentences]) == 0
+    ours = torch.tensor(json.loads(capsys.readouterr().out)["embeddings"])
+    theirs = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu")
+                              .encode(sentences))
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("mode,normalize", [("cls", True), ("max", False), ("mean", False)])
 def test_embed_pools_as_the_folders_sentence_transformers_modules_say(minilm_path, tmp_path,
                                                                      capsys, mode, normalize):
@@ -149,11 +158,7 @@ def test_embed_pools_as_the_folders_sentence_transformers_modules_say(minilm_pat
                    for k in ("cls_token", "mean_tokens", "max_tokens")})
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
     sentences = ["A man is eating food.", "The girl is carrying a baby on her back."]
-    assert main(["embed", "--hf", str(folder), "--json", *sentences]) == 0
-    ours = torch.tensor(json.loads(capsys.readouterr().out)["embeddings"])
-    theirs = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu")
-                              .encode(sentences))
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    embeds_as_sentence_transformers(st, folder, capsys, sentences)
 
 
 @pytest.mark.parametrize("setting", ["prompt", "lowercase"])
@@ -183,12 +188,8 @@ def test_embed_reads_the_folders_default_prompt_and_lowercasing(minilm_path, tmp
         (folder / "tokenizer.json").write_text(json.dumps(tok))
         edit("tokenizer_config.json", do_lower_case=False)
         edit("sentence_bert_config.json", do_lower_case=True)
-    sentences = ["A MAN IS EATING FOOD.", "The girl is carrying a baby."]
-    assert main(["embed", "--hf", str(folder), "--json", *sentences]) == 0
-    ours = torch.tensor(json.loads(capsys.readouterr().out)["embeddings"])
-    theirs = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu")
-                              .encode(sentences))
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    embeds_as_sentence_transformers(st, folder, capsys, ["A MAN IS EATING FOOD.",
+                                                         "The girl is carrying a baby."])
 
 
 def test_embed_refuses_pooling_it_does_not_implement(minilm_path, tmp_path, capsys):

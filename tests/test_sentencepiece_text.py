@@ -28,7 +28,7 @@ PROMPT = "the model"
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def folder(tmp_path_factory, small_llama):
     """A random Llama whose tokenizer.json is SentencePiece-style BPE with <s> first."""
     sp = SentencePieceBPETokenizer()
     sp.train_from_iterator([TEXT], vocab_size=90, special_tokens=["<unk>", "<s>", "</s>"],
@@ -37,17 +37,8 @@ def folder(tmp_path_factory):
     tok.post_processor = processors.TemplateProcessing(single="<s> $A",
                                                        special_tokens=[("<s>", 1)])
     out = tmp_path_factory.mktemp("sp") / "hf"
-    torch.manual_seed(5)
-    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
-                                   intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=2, max_position_embeddings=64,
-                                   bos_token_id=1, eos_token_id=2,
-                                   attn_implementation="eager")
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = small_llama(tok.get_vocab_size(), seed=5)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.3)
         model.model.embed_tokens.weight[:3] = -5.0  # no specials: whole words keep coming
     model.save_pretrained(out)
     tok.save(str(out / "tokenizer.json"))

@@ -78,20 +78,10 @@ def test_our_own_tokenizers_add_nothing():
 
 
 @pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
+def llama_folder(tmp_path_factory, small_llama):
     """A small random LlamaForCausalLM whose tokenizer.json puts <s> first, as Llama's does."""
-    transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("llama") / "hf"
-    torch.manual_seed(3)
-    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
-                                   attn_implementation="eager")
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.3)
+    model = small_llama(len(WORDS), seed=3)
     model.save_pretrained(folder)
     word_tokenizer(LLAMA).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
