@@ -150,6 +150,13 @@ def test_a_list_of_prompts(client, run):
     assert [c.text for c in r.choices] == [reference(run, p, 5, 2) for p in (PROMPT, "the")]
 
 
+def test_an_empty_prompt_is_refused_where_the_model_has_no_start_token(url):
+    """A char run has no start token to begin from (a Llama's "" is its <s>)."""
+    status, body = post(url, json.dumps({"model": "tiny", "prompt": ""}).encode())
+    assert status == 400 and body["error"]["code"] == "empty_prompt", body
+    assert_openai_error(body)
+
+
 def test_prompts_as_token_ids(client, run):
     ids = run.tokenizer.encode(PROMPT)
     one = client.completions.create(model="tiny", prompt=ids, max_tokens=5, seed=2)

@@ -176,6 +176,10 @@ def test_a_run_from_a_llama_folder_samples_and_serves_from_its_start_token(llama
         assert post(url, "api/tokenize", {"text": prompt})["ids"][:2] == [1, WORDS.index("t")]
         seen = post(url, "api/inspect", {"text": prompt, "position": -1, "top": 1})
         assert seen["position"] == len(prompt) and seen["offset"] == 0
+        alone = post(url, "v1/completions", {"model": "m", "prompt": "", "max_tokens": 4,
+                                             "temperature": 0})  # "": <s> alone, as sample
+        assert alone["usage"]["prompt_tokens"] == 1
+        assert alone["choices"][0]["text"] == hf_greedy(model, folder, "", 4)
 
 
 def test_the_pages_of_a_llama_run_show_the_forward_pass_sample_runs(llama_run):

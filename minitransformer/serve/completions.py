@@ -49,13 +49,13 @@ class Plan:
 
 def _encode(tokenizer, prompt: str, i: int | None, max_prompt_tokens: int) -> list[int]:
     param = "prompt" if i is None else f"prompt.{i}"
-    if not prompt:
-        raise APIError(400, "the prompt is empty: give at least one character", param,
-                       "empty_prompt")
     try:
-        ids = tokenizer.encode_prompt(prompt)  # Llama's <s> first, as transformers does
+        ids = tokenizer.encode_prompt(prompt)  # Llama's <s> first ("" is <s> alone)
     except (UserError, ValueError, KeyError) as e:  # a char tokenizer's unseen characters
         raise APIError(400, f"{param}: {e}", param, "unknown_characters") from None
+    if not prompt and not ids:
+        raise APIError(400, "the prompt is empty: give at least one character", param,
+                       "empty_prompt")
     if not ids:
         raise APIError(400, f"{param} encodes to no tokens", param, "empty_prompt")
     if len(ids) > max_prompt_tokens:
