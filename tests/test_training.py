@@ -175,3 +175,30 @@ def test_a_sample_with_control_bytes_prints_them_as_escapes(tmp_path, capsys, mo
     _train(tmp_path / "run", "--data", "shakespeare", "--max_iters", "1", "--sample_tokens", "4")
     out = capsys.readouterr().out
     assert "sample: ab\\x1b[2Jc\\x0dd" in out and "\x1b" not in out and "\r" not in out
+
+
+def test_a_resume_on_text_prepared_otherwise_says_it_is_not_exact(tmp_path, capsys):
+    """The run records its split's sizes; where its text, prepared again (its cache removed,
+    another version), holds other tokens, resume says it will not continue exactly."""
+    import json
+
+    from minitransformer.cli import main
+
+    data = tmp_path / "t.txt"
+    data.write_text("to be or not to be, that is the question.\n" * 120, encoding="utf-8")
+    run = tmp_path / "run"
+    args = ["--preset", "debug", "--eval_iters", "1", "--sample_tokens", "0", "--quiet",
+            "--time_budget", "none"]
+    assert main(["train", "--data", str(data), "--out", str(run), "--max_iters", "2",
+                 *args]) == 0
+    config = json.loads((run / "config.json").read_text())
+    train_n, val_n = config["data"]["split"]
+    assert train_n + val_n == len("to be or not to be, that is the question.\n" * 120)
+    assert main(["train", "--out", str(run), "--resume", "--max_iters", "3", *args]) == 0
+    assert "prepared again" not in capsys.readouterr().err  # the same text, the same split
+    config["data"]["split"] = [train_n - 5, val_n + 5]  # as an older version would have split
+    (run / "config.json").write_text(json.dumps(config))
+    for folder in (run / "checkpoints").iterdir():
+        (folder / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--out", str(run), "--resume", "--max_iters", "4", *args]) == 0
+    assert "prepared again, holds" in capsys.readouterr().err

@@ -43,6 +43,17 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def note_resplit(data: dict, prepared: Prepared) -> None:
+    """A run's own text prepared again (its cache removed) into other tokens than the run
+    recorded: said, as a resume on it is then not exact."""
+    was, now = data.get("split"), prepared.data_meta.get("split")
+    if isinstance(was, list) and was != now:
+        _stderr(f"note: the run's text, prepared again, holds {now[0]:,} train / {now[1]:,} "
+                f"val tokens where the run recorded {was[0]:,} / {was[1]:,} (this version "
+                f"encodes or splits it otherwise): it is read as it is now, so a resume does "
+                f"not continue exactly")
+
+
 def with_field(text_field: str) -> dict:
     """What a run records of its text field: nothing for the default, "text"."""
     return {} if text_field == "text" else {"text_field": text_field}
@@ -136,7 +147,10 @@ class StreamFamily(Family):
         cached = cached or prepare_cached(sources, self.cache_family(tokenizer), tokenizer.kind,
                                           None, encoding, mode, tokenizer=tokenizer,
                                           echo=_stderr, say_reused=False, text_field=field)
-        return self._open_cached(cached, sources, encoding, mode, tokenizer, field)
+        prepared = self._open_cached(cached, sources, encoding, mode, tokenizer, field)
+        if same:
+            note_resplit(data, prepared)
+        return prepared
 
     def _reopen_prepared(self, folder: str, tokenizer, data: dict) -> Prepared:
         if not is_prepared(folder):
@@ -164,7 +178,7 @@ class StreamFamily(Family):
         data_meta = {"source": recorded_source(sources), "encoding": encoding,
                      "tokenizer": tokenizer.kind, "newline": mode,
                      "sources": manifest.get("sources", []), "cache": cached.folder.name,
-                     **with_field(text_field)}
+                     "split": [len(train_ids), len(val_ids)], **with_field(text_field)}
         note = f"; {cached.crlf:,} CRLF line ends read as \\n (--newline keep keeps them)" \
             if cached.crlf else ""
         docs = f" in {manifest['documents']:,} documents" if manifest["documents"] > 1 else ""
