@@ -84,6 +84,12 @@ def _prepare_fails(source, capsys, tmp_path, *flags) -> str:
     return err
 
 
+def _prepare_bpe(source, out, *flags) -> None:
+    """prepare with a small byte-level BPE, in this process (the sources are what is tested)."""
+    assert main(["prepare", "--data", str(source), "--out", str(out), "--tokenizer",
+                 "bpe-bytes", "--vocab_size", "300", "--workers", "1", *flags]) == 0
+
+
 def test_a_parquet_file_without_the_column_lists_its_columns(shapes, tmp_path, capsys):
     root, _ = shapes
     err = _prepare_fails(root / "rows.parquet", capsys, tmp_path, "--text_field", "body")
@@ -112,9 +118,7 @@ def test_null_texts_stop_prepare_unless_skipped(tmp_path, capsys, shape):
              "export.jsonl": "export.jsonl:2"}[shape]
     assert where in err and "null" in err and "prepare --errors skip" in err, err
     out = tmp_path / "dd"
-    assert main(["prepare", "--data", str(source), "--out", str(out), "--tokenizer",
-                 "bpe-bytes", "--vocab_size", "300", "--workers", "1", "--errors",
-                 "skip"]) == 0
+    _prepare_bpe(source, out, "--errors", "skip")
     assert _documents(out) == [DOCS[0], DOCS[1]]
 
 
@@ -134,9 +138,7 @@ def test_errors_skip_leaves_out_json_lines_records_without_their_text(tmp_path, 
         assert "messy.jsonl:2: " + said in err and "--errors skip" in err, err
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "dd"
-    assert main(["prepare", "--data", str(source), "--out", str(out), "--tokenizer",
-                 "bpe-bytes", "--vocab_size", "300", "--workers", "1", "--errors",
-                 "skip"]) == 0
+    _prepare_bpe(source, out, "--errors", "skip")
     assert _documents(out) == [DOCS[0], DOCS[1]]
 
 
@@ -151,19 +153,16 @@ def test_a_dataset_repository_folder_reads_its_train_split_alone(tmp_path, capsy
     pq.write_table(pa.table({"text": DOCS[3:]}), repo / "data" / "train-00001-of-00002.parquet")
     pq.write_table(pa.table({"text": ["held out"]}), repo / "data" / "test-00000-of-00001.parquet")
     out = tmp_path / "dd"
-    assert main(["prepare", "--data", str(repo), "--out", str(out), "--tokenizer", "bpe-bytes",
-                 "--vocab_size", "300", "--workers", "1"]) == 0
+    _prepare_bpe(repo, out)
     said = capsys.readouterr().out
     assert "reads as a dataset repository: its train split's 2 Parquet file(s); left out 2 " \
         "other file(s): README.md, data/test-00000-of-00001.parquet" in said
     assert _documents(out) == [*DOCS[:2], *DOCS[3:]]
     (repo / "data" / "test-00000-of-00001.parquet").unlink()  # no splits named but train
-    assert main(["prepare", "--data", str(repo), "--out", str(tmp_path / "d2"), "--tokenizer",
-                 "bpe-bytes", "--vocab_size", "300", "--workers", "1"]) == 0
+    _prepare_bpe(repo, tmp_path / "d2")
     assert "2 Parquet file(s); left out 1 other file(s): README.md" in capsys.readouterr().out
     (repo / "README.md").write_text("# My notes, no dataset card\n")  # an ordinary folder
-    assert main(["prepare", "--data", str(repo), "--out", str(tmp_path / "d3"), "--tokenizer",
-                 "bpe-bytes", "--vocab_size", "300", "--workers", "1"]) == 0
+    _prepare_bpe(repo, tmp_path / "d3")
     assert "dataset repository" not in capsys.readouterr().out
     assert "# My notes" in _documents(tmp_path / "d3")[0]  # every file read, as before
 
