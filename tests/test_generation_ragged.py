@@ -21,9 +21,9 @@ LENGTHS = (1, 6, 11, 16)  # block_size 16: the last prompt fills the window
 WANTS = (30, 4, 17, 9)  # rows 0, 2, 3 pass the window at different steps
 
 
-def alone(model, prompt: list[int], n: int) -> list[int]:
+def alone(model, prompt: list[int], n: int, keep: int = 0) -> list[int]:
     idx = torch.tensor([prompt])
-    return model.generate(idx, n, temperature=0.0)[0, len(prompt):].tolist()
+    return model.generate(idx, n, temperature=0.0, context_keep=keep)[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("kw", [dict(pos_encoding="sinusoidal"), dict(pos_encoding="learned"),
@@ -38,6 +38,16 @@ def test_ragged_greedy_equals_each_row_alone_in_fp64(make_gpt, kw):
     got = generate_ragged(model, prompts, WANTS, temperature=0.0)
     for prompt, want, tokens in zip(prompts, WANTS, got, strict=True):
         assert tokens == alone(model, prompt, want)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_ragged_rows_keep_their_own_first_tokens_as_each_alone(make_gpt, pos):
+    model = make_gpt(scale=0.4, pos_encoding=pos).double()
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 13, (n,), generator=gen).tolist() for n in LENGTHS]
+    got = generate_ragged(model, prompts, WANTS, temperature=0.0, context_keep=2)
+    for prompt, want, tokens in zip(prompts, WANTS, got, strict=True):
+        assert tokens == alone(model, prompt, want, keep=2)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "learned", "rope", "alibi", "none"])

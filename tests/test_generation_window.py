@@ -13,7 +13,7 @@ import torch
 from minitransformer.config import GPTConfig
 from minitransformer.data.text import load_text
 from minitransformer.models import GPT
-from minitransformer.models.generation import default_context_shift, roll_cache
+from minitransformer.models.generation import default_context_shift, roll_cache, window_start
 from minitransformer.nn.kv_cache import KVCache
 from minitransformer.nn.positional import RotaryEmbedding
 
@@ -21,16 +21,17 @@ POS_ENCODINGS = ["learned", "sinusoidal", "rope", "alibi", "none"]
 
 
 @torch.no_grad()
-def shifted_reference(model, idx: torch.Tensor, n: int, shift: int):
+def shifted_reference(model, idx: torch.Tensor, n: int, shift: int, keep: int = 0):
     """Greedy, no cache: keep a window; when it outgrows block_size, keep only its last
-    block_size - shift tokens; the model sees the whole window every step. shift 0 is
+    block_size - shift tokens (with ``keep``: the text's first ``keep`` tokens, then the last
+    block_size - keep - shift); the model sees the whole window every step. shift 0 is
     nanoGPT's loop (``idx[:, -block_size:]`` every step). Returns (tokens (B, T + n),
     the logits each choice came from (B, n, V))."""
     block = model.config.block_size
     window, out, seen = idx, idx, []
     for _ in range(n):
         if window.shape[1] > block:
-            window = window[:, -(block - shift):]
+            window = torch.cat([out[:, :keep], window[:, -(block - keep - shift):]], dim=1)
         logits, _ = model(window)  # (B, T, V)
         seen.append(logits[:, -1])
         nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
@@ -102,6 +103,42 @@ def test_a_prompt_longer_than_the_window_is_cropped_by_the_same_rule(make_gpt):
                         shifted_reference(model, prompt, 20, shift))
 
 
+@pytest.mark.parametrize("pos", POS_ENCODINGS)
+@pytest.mark.parametrize("shift, keep", [(0, 1), (None, 1), (5, 3), (1, 14)])
+def test_context_keep_holds_the_first_tokens_in_every_window(make_gpt, pos, shift, keep):
+    model = _fp64(make_gpt(scale=0.3, pos_encoding=pos))  # block_size 16
+    prompt = torch.randint(0, 13, (2, 4))
+    n = 45
+    s = default_context_shift(16) if shift is None else shift
+    want = shifted_reference(model, prompt, n, s, keep)
+    assert_same_run(generate_with_logits(model, prompt, n, context_shift=shift,
+                                         context_keep=keep), want)
+    assert_same_run(generate_with_logits(model, prompt, n, context_shift=shift,
+                                         context_keep=keep, use_cache=False), want)
+    if keep == 1:  # and it changes what the model sees past the window
+        dropped = shifted_reference(model, prompt, n, s)[1]
+        assert (want[1][:, 13:] - dropped[:, 13:]).abs().max() > 1e-3
+
+
+def test_window_start_with_kept_tokens_by_hand():
+    # block_size 8, 2 kept, shift 2: a window of 9 restarts as the 2 kept + the last 4
+    assert window_start(8, 2, 8, 2, keep=2) == 2  # 2 + 6 tokens: full, not past
+    assert window_start(9, 2, 8, 2, keep=2) == 5  # text[:2] + text[5:9]: 6 tokens
+    assert window_start(11, 5, 8, 2, keep=2) == 5  # 2 + 6: full again
+    assert window_start(12, 5, 8, 0, keep=2) == 6  # exact: 2 + the last 6
+    assert window_start(1, 2, 8, 2, keep=2) == 2  # a text shorter than the kept part
+
+
+@pytest.mark.parametrize("shift, keep, words", [(None, 16, "context keep must be in 0 .. 15"),
+                                                (12, 4, "context shift must be in 0 .. 11"),
+                                                (0, -1, "context keep must be in 0 .. 15")])
+def test_context_keep_out_of_range_is_refused(make_gpt, shift, keep, words):
+    model = make_gpt()
+    with pytest.raises(ValueError, match=words):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, context_shift=shift,
+                       context_keep=keep)
+
+
 @pytest.mark.parametrize("shift", [-1, 16, 99])
 def test_context_shift_out_of_range_is_refused(make_gpt, shift):
     model = make_gpt()
@@ -142,9 +179,22 @@ def test_kv_cache_drop_front_keeps_the_newest_entries():
     assert cache.length == 0
 
 
-def _roll_by_hand(model, idx: torch.Tensor, n: int, shift: int) -> torch.Tensor:
-    """Greedy with a cache that drops its oldest ``shift`` entries when full (RoPE keys
-    re-rotated), written with the layers' own cache operations."""
+def test_kv_cache_drop_front_after_the_kept_entries():
+    cache = KVCache()
+    k, v = torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4)
+    cache.update(k, v)
+    cache.drop_front(3, rekey=lambda x: -x, after=2)  # positions 2, 3, 4 go
+    assert cache.length == 7
+    assert torch.equal(cache.k[:, :, :2], k[:, :, :2])  # the kept ones, as they were
+    assert torch.equal(cache.k[:, :, 2:], -k[:, :, 5:])  # the moved ones, re-keyed
+    assert torch.equal(cache.v, torch.cat([v[:, :, :2], v[:, :, 5:]], dim=2))
+    cache.drop_front(9, after=2)
+    assert cache.length == 2 and torch.equal(cache.k, k[:, :, :2])
+
+
+def _roll_by_hand(model, idx: torch.Tensor, n: int, shift: int, keep: int = 0) -> torch.Tensor:
+    """Greedy with a cache that drops its oldest ``shift`` entries after the first ``keep``
+    when full (RoPE keys re-rotated), written with the layers' own cache operations."""
     block = model.config.block_size
     cache = model.new_cache()
     logits, _ = model(idx, cache=cache)
@@ -155,18 +205,21 @@ def _roll_by_hand(model, idx: torch.Tensor, n: int, shift: int) -> torch.Tensor:
             for layer, (self_cache, _) in zip(model.decoder.layers, cache, strict=True):
                 rope = layer.self_attn.rope
                 self_cache.drop_front(shift + 1, None if rope is None else
-                                      (lambda k, rope=rope: rope.rotate_by(k, -(shift + 1))))
+                                      (lambda k, rope=rope: rope.rotate_by(k, -(shift + 1))),
+                                      after=keep)
         logits, _ = model(nxt, cache=cache)
     return idx
 
 
 @pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
-def test_roll_mode_drops_the_oldest_entries_and_keeps_the_rest(make_gpt, pos):
+@pytest.mark.parametrize("keep", [0, 2])
+def test_roll_mode_drops_the_oldest_entries_and_keeps_the_rest(make_gpt, pos, keep):
     model = _fp64(make_gpt(scale=0.3, pos_encoding=pos))
     prompt = torch.randint(0, 13, (2, 3))
     with torch.no_grad():
-        want = _roll_by_hand(model, prompt, 40, 4)
-    got = model.generate(prompt, 40, temperature=0.0, context_shift=4, context_mode="roll")
+        want = _roll_by_hand(model, prompt, 40, 4, keep)
+    got = model.generate(prompt, 40, temperature=0.0, context_shift=4, context_mode="roll",
+                         context_keep=keep)
     assert torch.equal(got, want)
 
 

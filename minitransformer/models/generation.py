@@ -11,6 +11,12 @@ the text grows past it, the oldest tokens must go:
   window, the oldest ``s`` tokens go at once and the window restarts from the last
   ``block_size - s`` tokens, so one rebuild serves the next ``s`` tokens (llama.cpp's context
   shift). A token then sees between ``block_size - s`` and ``block_size`` tokens.
+- ``context_keep = k`` (default 0): the text's first ``k`` tokens never leave the window; the
+  window is those, then the newest tokens that fit (``block_size - k`` of them, or
+  ``block_size - k - s`` right after a shift). A model trained on texts that begin with a
+  start token (Llama's ``<s>``) has always seen it first, and many such models put much of
+  their attention on it (Xiao et al. 2023, "attention sinks"); ``sample`` keeps the start
+  tokens its tokenizer puts before the prompt, as llama.cpp keeps ``<s>`` (its ``n_keep``).
 
 How the window moves is one rule (``window_start``); two modes say what happens to the cache
 when it moves:
@@ -123,11 +129,18 @@ def default_context_shift(block_size: int) -> int:
     return block_size // 4
 
 
-def check_context(block_size: int, shift: int, mode: str, pos_encoding: str) -> None:
-    """Raise ValueError for a shift outside 0 .. block_size - 1 or a mode the model cannot use."""
-    if not 0 <= shift < block_size:
-        raise ValueError(f"context shift must be in 0 .. {block_size - 1} (block_size "
-                         f"{block_size}), got {shift}")
+def check_context(block_size: int, shift: int, mode: str, pos_encoding: str,
+                  keep: int = 0) -> None:
+    """Raise ValueError for a keep outside 0 .. block_size - 1, a shift outside
+    0 .. block_size - keep - 1 (a window after a shift holds at least one token past the kept
+    ones) or a mode the model cannot use."""
+    if not 0 <= keep < block_size:
+        raise ValueError(f"context keep must be in 0 .. {block_size - 1} (block_size "
+                         f"{block_size}), got {keep}")
+    if not 0 <= shift < block_size - keep:
+        kept = f", {keep} tokens kept" if keep else ""
+        raise ValueError(f"context shift must be in 0 .. {block_size - keep - 1} (block_size "
+                         f"{block_size}{kept}), got {shift}")
     if mode not in ("recompute", "roll"):
         raise ValueError(f"context mode must be 'recompute' or 'roll', got {mode!r}")
     if mode == "roll" and pos_encoding not in ROLLABLE:
@@ -136,23 +149,34 @@ def check_context(block_size: int, shift: int, mode: str, pos_encoding: str) -> 
                          f"so use context mode 'recompute'")
 
 
-def window_start(length: int, start: int, block_size: int, shift: int) -> int:
-    """First token of the model's window over a text of ``length`` tokens.
+def window_start(length: int, start: int, block_size: int, shift: int, keep: int = 0) -> int:
+    """First token after the kept ones of the model's window over a text of ``length`` tokens.
 
-    The window is ``text[start:]`` while that fits in ``block_size``; when it would not, it
-    restarts from the last ``block_size - shift`` tokens (shift 0: the last ``block_size``,
-    the exact sliding window).
+    The window is ``text[:keep] + text[start:]`` (``start`` >= ``keep``; ``start = keep`` is
+    the whole text) while that fits in ``block_size``; when it would not, the part after the
+    kept tokens restarts from the last ``block_size - keep - shift`` tokens (shift 0: the
+    window is full again, the exact sliding window).
     """
-    if length - start > block_size:
-        return length - (block_size - shift)
+    if min(keep, length) + length - start > block_size:
+        return length - (block_size - keep - shift)
     return start
 
 
-def roll_cache(model, cache, n: int) -> None:
-    """Drop the oldest ``n`` positions from every self-attention cache of a decoder-only
-    ``model`` (RoPE keys re-rotated by -n, see ``MultiHeadAttention.drop_front``)."""
+def window(idx: torch.Tensor, start: int, keep: int = 0) -> torch.Tensor:
+    """The model's window ``idx[:, :keep] + idx[:, start:]`` (``window_start``): (B, T')."""
+    if keep == 0:
+        return idx[:, start:]
+    if start <= keep:  # nothing dropped yet: the whole text
+        return idx
+    return torch.cat([idx[:, :keep], idx[:, start:]], dim=1)
+
+
+def roll_cache(model, cache, n: int, keep: int = 0) -> None:
+    """Drop the oldest ``n`` positions after the first ``keep`` from every self-attention
+    cache of a decoder-only ``model`` (the later RoPE keys re-rotated by -n, see
+    ``MultiHeadAttention.drop_front``)."""
     for layer, (self_cache, _) in zip(model.decoder.layers, cache, strict=True):
-        layer.self_attn.drop_front(self_cache, n)
+        layer.self_attn.drop_front(self_cache, n, after=keep)
 
 
 def clear_cache(cache) -> None:
@@ -190,11 +214,13 @@ def inference_scope(model, use_cache: bool = True):
 def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, use_cache: bool = True,
-                    context_shift: int | None = None, context_mode: ContextMode = "recompute"):
+                    context_shift: int | None = None, context_mode: ContextMode = "recompute",
+                    context_keep: int = 0):
     """Yield max_new_tokens tokens (B, 1) from a decoder-only ``model``; idx (B, T) the prompt.
 
-    The model sees ``idx[:, start:]`` with ``start`` from ``window_start`` (see the module
-    docstring for ``context_shift``, default ``block_size // 4``, and ``context_mode``). With
+    The model sees ``idx[:, :keep] + idx[:, start:]`` with ``start`` from ``window_start``
+    (see the module docstring for ``context_shift``, default ``block_size // 4``,
+    ``context_keep``, default 0, and ``context_mode``). With
     the KV cache each step feeds only the newest token; in "recompute" mode the cache is
     rebuilt whenever the window moves, so the result equals the uncached model on the same
     windows (``use_cache=False``). With ``seed``, row i samples from its own generator seeded
@@ -206,7 +232,7 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     two tokens), which the packed copies would not see.
     """
     for nxt, _ in decode_steps(model, idx, max_new_tokens, temperature, top_k, top_p, seed,
-                               use_cache, context_shift, context_mode):
+                               use_cache, context_shift, context_mode, context_keep):
         yield nxt
 
 
@@ -214,28 +240,30 @@ def generate_tokens(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
 def decode_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None,
                  seed: int | None = None, use_cache: bool = True,
-                 context_shift: int | None = None, context_mode: ContextMode = "recompute"):
+                 context_shift: int | None = None, context_mode: ContextMode = "recompute",
+                 context_keep: int = 0):
     """``generate_tokens``, yielding each new token (B, 1) with the last position's logits it
     was sampled from (B, V) (the server's log-probabilities)."""
     c = model.config
     shift = default_context_shift(c.block_size) if context_shift is None else context_shift
-    check_context(c.block_size, shift, context_mode, c.pos_encoding)
+    keep = context_keep
+    check_context(c.block_size, shift, context_mode, c.pos_encoding, keep)
     generators = row_generators(seed, idx.shape[0], idx.device)
-    cache, start = None, 0
+    cache, start = None, keep
     with inference_scope(model, use_cache=False):  # eval mode; packing is the caller's
         for _ in range(max_new_tokens):
-            new_start = window_start(idx.shape[1], start, c.block_size, shift)
+            new_start = window_start(idx.shape[1], start, c.block_size, shift, keep)
             if not use_cache:
-                logits, _ = model(idx[:, new_start:])  # (B, T, V): the whole window
+                logits, _ = model(window(idx, new_start, keep))  # (B, T, V): the whole window
             elif cache is None or (new_start != start and context_mode == "recompute"):
                 if cache is None:  # storage for the whole window, made once
                     cache = model.new_cache(c.block_size)
                 clear_cache(cache)
                 # prefill: every position into the cache, the last one's logits (B, 1, V)
-                logits, _ = model(idx[:, new_start:], cache=cache, logits_to_keep=1)
+                logits, _ = model(window(idx, new_start, keep), cache=cache, logits_to_keep=1)
             else:
                 if new_start != start:  # roll: forget the oldest, keep the rest as computed
-                    roll_cache(model, cache, new_start - start)
+                    roll_cache(model, cache, new_start - start, keep)
                 logits, _ = model(idx[:, -1:], cache=cache)  # (B, 1, V): one new position
             start = new_start
             last = logits[:, -1, :]  # (B, V)

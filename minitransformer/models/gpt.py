@@ -134,19 +134,21 @@ class GPT(nn.Module):
                  top_k: int | None = None, top_p: float | None = None,
                  seed: int | None = None, use_cache: bool = True,
                  context_shift: int | None = None,
-                 context_mode: generation.ContextMode = "recompute") -> torch.Tensor:
+                 context_mode: generation.ContextMode = "recompute",
+                 context_keep: int = 0) -> torch.Tensor:
         """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens).
 
         With ``seed``, row i draws from its own generator seeded ``seed + i`` (so a batch of
         copies of one prompt gives the same samples as generating them one by one).
         Past ``block_size`` tokens the window moves by ``context_shift`` tokens at once
         (default block_size // 4; 0 = the exact sliding window); ``context_mode`` "roll" keeps
-        the cache instead of rebuilding it (RoPE / ALiBi only, an approximation). See
+        the cache instead of rebuilding it (RoPE / ALiBi only, an approximation); the first
+        ``context_keep`` tokens never leave the window (a start token, as Llama's <s>). See
         ``models/generation.py``.
         """
         with generation.decoding_weights(self, use_cache):  # packed for the whole run
             new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, seed,
-                                   use_cache, context_shift, context_mode))
+                                   use_cache, context_shift, context_mode, context_keep))
         return torch.cat([idx, *new], dim=1) if new else idx
 
     @torch.no_grad()
@@ -154,13 +156,13 @@ class GPT(nn.Module):
                top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, use_cache: bool = True,
                context_shift: int | None = None,
-               context_mode: generation.ContextMode = "recompute"):
+               context_mode: generation.ContextMode = "recompute", context_keep: int = 0):
         """Yield each new token (B, 1) as soon as it is sampled (arguments as ``generate``).
         Its steps read the plain weights unless the caller holds ``decoding_weights(model)``
         (faster on a CPU) and changes no weight until the stream ends."""
         yield from generation.generate_tokens(self, idx, max_new_tokens, temperature, top_k,
                                               top_p, seed, use_cache, context_shift,
-                                              context_mode)
+                                              context_mode, context_keep)
 
 
 __all__ = ["GPT", "Internals"]

@@ -17,8 +17,9 @@ columns that are padding in every row left are dropped), so the rows still decod
 pay for the finished ones.
 
 Past the window every row follows ``window_start`` on its own, the rule ``generate_tokens``
-uses in "recompute" mode: when any row's window moves, the batch cache is rebuilt from every
-row's current window (re-padded), so each row sees exactly the tokens it sees decoded alone.
+uses in "recompute" mode (with ``context_keep``, each row's own first tokens stay): when any
+row's window moves, the batch cache is rebuilt from every row's current window (re-padded), so
+each row sees exactly the tokens it sees decoded alone.
 A batch whose rows move at different steps rebuilds more often than one row would.
 
 Shapes: B rows still decoding, T time, V vocabulary size.
@@ -39,15 +40,16 @@ class RaggedBatch:
     ``finish`` the rows that are done; ``rows`` lists the rows (prompt indices) still in it."""
 
     def __init__(self, model, prompts: Sequence[Sequence[int]],
-                 context_shift: int | None = None, pad_id: int = 0):
+                 context_shift: int | None = None, pad_id: int = 0, context_keep: int = 0):
         c = model.config
         self.model, self.block_size, self.pad_id = model, c.block_size, pad_id
         self.shift = default_context_shift(c.block_size) if context_shift is None \
             else context_shift
-        check_context(c.block_size, self.shift, "recompute", c.pos_encoding)
+        self.keep = context_keep
+        check_context(c.block_size, self.shift, "recompute", c.pos_encoding, self.keep)
         self.device = next(model.parameters()).device
         self.texts = [list(p) for p in prompts]  # prompt + tokens pushed, per row
-        self.starts = [0] * len(self.texts)  # first token of each row's window
+        self.starts = [self.keep] * len(self.texts)  # each window's first token after the kept
         self.rows = list(range(len(self.texts)))
         self.cache: list | None = None
         self.pad: torch.Tensor | None = None  # (B,) left padding of each row in the cache
@@ -56,7 +58,8 @@ class RaggedBatch:
         return self.pad if bool(self.pad.any()) else None  # no padding: the plain model
 
     def _prefill(self) -> torch.Tensor:
-        windows = [self.texts[r][self.starts[r]:] for r in self.rows]
+        windows = [self.texts[r][:self.keep] + self.texts[r][self.starts[r]:]
+                   for r in self.rows]  # ``generation.window``
         width = max(len(w) for w in windows)
         pads = [width - len(w) for w in windows]
         idx = torch.tensor([[self.pad_id] * p + w for p, w in zip(pads, windows, strict=True)],
@@ -73,7 +76,7 @@ class RaggedBatch:
         moved = False
         for r in self.rows:
             start = window_start(len(self.texts[r]), self.starts[r], self.block_size,
-                                 self.shift)
+                                 self.shift, self.keep)
             moved, self.starts[r] = moved or start != self.starts[r], start
         if self.cache is None or moved:
             return self._prefill()
@@ -111,13 +114,13 @@ class RaggedBatch:
 @torch.inference_mode()
 def generate_ragged(model, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                     temperature: float = 1.0, top_k: int | None = None,
-                    top_p: float | None = None, context_shift: int | None = None
-                    ) -> list[list[int]]:
+                    top_p: float | None = None, context_shift: int | None = None,
+                    context_keep: int = 0) -> list[list[int]]:
     """The new tokens of each prompt, decoded as one ragged batch (``max_new_tokens``: one
     number, or one per prompt); unseeded sampling (one draw for the batch), or greedy."""
     wants = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
         else list(max_new_tokens)
-    batch = RaggedBatch(model, prompts, context_shift)
+    batch = RaggedBatch(model, prompts, context_shift, context_keep=context_keep)
     out: list[list[int]] = [[] for _ in prompts]
     batch.finish(r for r in batch.rows if wants[r] == 0)
     with packed_weights(model):

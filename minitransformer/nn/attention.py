@@ -128,12 +128,14 @@ class MultiHeadAttention(nn.Module, Packable):
         self.q_norm = RMSNorm(self.head_size, eps=norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_size, eps=norm_eps) if qk_norm else None
 
-    def drop_front(self, cache: KVCache, n: int) -> None:
-        """Drop the oldest ``n`` positions of this layer's self-attention ``cache``, so that
-        the first kept one becomes position 0: RoPE keys are rotated back by ``n`` positions
+    def drop_front(self, cache: KVCache, n: int, after: int = 0) -> None:
+        """Drop the oldest ``n`` positions after the first ``after`` of this layer's
+        self-attention ``cache``, so that the first one kept after them moves to position
+        ``after``: RoPE keys that move are rotated back by ``n`` positions
         (R(p - n) = R(-n) R(p)); ALiBi's bias and no positions follow the cache indices."""
         rope = self.rope
-        cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)))
+        cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)),
+                         after=after)
 
     def fill_cache(self, cache: KVCache, context: torch.Tensor, group: int = 1) -> None:
         """Cross-attention: store the keys and values of ``context`` (B, Tk, C) in an empty

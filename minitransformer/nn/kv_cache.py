@@ -124,15 +124,17 @@ class KVCache:
         self._k, self._v = spare  # (B', nkv, capacity, hs)
         self.borrowed = False
 
-    def drop_front(self, n: int, rekey=None) -> None:
-        """Forget the oldest ``n`` positions (a context shift); the newest ``length - n`` move
-        to the front. ``rekey`` (optional) maps the kept keys (B, nkv, length - n, hs) to the
-        keys to keep instead (RoPE's re-rotation)."""
-        if n <= 0 or self._k is None:
+    def drop_front(self, n: int, rekey=None, after: int = 0) -> None:
+        """Forget the oldest ``n`` positions after the first ``after`` (a context shift; the
+        first ``after`` stay where they are); the newest ``length - after - n`` move up to
+        follow them. ``rekey`` (optional) maps those moved keys (B, nkv, T', hs) to the keys
+        to keep instead (RoPE's re-rotation)."""
+        if n <= 0 or self._k is None or self.length <= after:
             return
-        keep = max(self.length - n, 0)
-        if keep:
-            k = self._k[:, :, n: self.length]  # (B, nkv, keep, hs)
-            self._k[:, :, :keep] = rekey(k) if rekey is not None else k.clone()
-            self._v[:, :, :keep] = self._v[:, :, n: self.length].clone()
-        self.length = keep
+        a = after
+        moved = max(self.length - a - n, 0)
+        if moved:
+            k = self._k[:, :, a + n: self.length]  # (B, nkv, moved, hs)
+            self._k[:, :, a:a + moved] = rekey(k) if rekey is not None else k.clone()
+            self._v[:, :, a:a + moved] = self._v[:, :, a + n: self.length].clone()
+        self.length = a + moved
