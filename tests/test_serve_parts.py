@@ -66,6 +66,32 @@ def test_inspect_shows_each_generated_token_through_its_generation_window(make_g
     assert generation_starts(50, 20, 16, 4)[:19] == generation_starts(50, 1, 16, 4)[:19]
 
 
+class StartedChars(CharTokenizer):
+    """Characters with a start token put before every prompt, as Llama's <s> (here "a")."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [0, *self.encode(text)]
+
+
+def test_inspect_keeps_the_start_token_in_the_window_as_generation_does(make_gpt):
+    model = make_gpt(scale=0.5)
+    tokenizer = StartedChars(list("abcdefghijklm"))
+    prompt = torch.tensor([[0, *torch.randint(0, 13, (9,)).tolist()]])  # <s> + 9
+    steps = list(sample_steps(model, prompt, 24, 0.9, seed=3, want_logprobs=True,
+                              context_keep=1))
+    ids = torch.cat([prompt, *[t for t, _ in steps]], dim=1)[0].tolist()
+    seen = []
+    for j, (_, logprobs) in enumerate(steps):
+        got = inspect(model, tokenizer, tokenizer.decode(ids[1:]), 9 + j, 13, prompt=10)
+        seen.append((got["kept"], got["offset"], len(got["tokens"])))
+        want = torch.sort(logprobs[0].exp(), descending=True).values
+        torch.testing.assert_close(torch.tensor([t["prob"] for t in got["top"]]), want)
+    # block_size 16, shift 4: the whole text up to 16 tokens, then <s> + the last 11 and on
+    assert seen[6] == (0, 0, 16) and seen[7] == (1, 6, 12) and seen[11] == (1, 6, 16)
+    assert seen[12] == (1, 11, 12)
+    assert generation_starts(30, 10, 16, 4, keep=1)[16] == 6
+
+
 class Chars:
     """A tokenizer whose ids are code points (decode of one id = one character)."""
 

@@ -114,6 +114,18 @@ def test_sample_hf_continues_what_transformers_generate_continues(llama_folder, 
     assert capsys.readouterr().out == prompt + expected + "\n"
 
 
+def test_sample_keeps_the_start_token_in_every_window_by_default(llama_folder, capsys):
+    # block_size 64: 80 tokens move the window; <s> stays first in it unless told otherwise
+    _, folder = llama_folder
+    outs = {}
+    for keep in (None, 1, 0):
+        flags = [] if keep is None else ["--context-keep", str(keep)]
+        assert main(["sample", "--hf", str(folder), "--prompt", "to be", "--max-new-tokens",
+                     "80", "--temperature", "0", *flags]) == 0
+        outs[keep] = capsys.readouterr().out
+    assert outs[None] == outs[1] != outs[0]
+
+
 @pytest.fixture(scope="module")
 def llama_run(llama_folder, tmp_path_factory):
     """A run holding the folder's model and tokenizer, as ``train --init_from`` keeps them."""

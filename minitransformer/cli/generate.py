@@ -23,8 +23,9 @@ from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
 from ..interop.tokenizer import as_char_tokenizer
 from ..models import GPT
-from ..models.generation import ROLLABLE, decoding_weights
+from ..models.generation import ROLLABLE, decoding_weights, default_context_shift
 from ..tokenizers import BPETokenizer
+from ..tokenizers.specials import start_tokens
 from ..tokenizers.streaming import stream_text
 from ..training.device import decoding_threads, pick_device
 from .flags import (
@@ -46,7 +47,10 @@ block_size; the cache is rebuilt every token). --context_mode recompute rebuilds
 from the new window: the model sees exactly that window, as if it had never seen more.
 --context_mode roll (rope, alibi or no positions) keeps the cache and drops its oldest
 entries instead: nothing is recomputed, but the kept tokens' keys and values still carry what
-they saw of the dropped text (an approximation)."""
+they saw of the dropped text (an approximation). --context_keep K: the text's first K tokens
+never leave the window (the prompt's, or the first generated ones after a shorter prompt);
+by default the start tokens the tokenizer puts before every prompt (Llama's <s>: a model
+trained on texts that begin with it expects it first; none for char and GPT-2 tokenizers)."""
 
 
 def add_sample(sub) -> None:
@@ -86,6 +90,9 @@ def add_sample(sub) -> None:
                    default="recompute",
                    help="recompute the cache from the new window, or roll it (rope / alibi "
                         "only; an approximation); see below (default recompute)")
+    s.add_argument("--context-keep", "--context_keep", type=nonneg_int, default=None,
+                   help="the text's first tokens that never leave the window; see below "
+                        "(default: the tokenizer's start tokens, as Llama's <s>, else 0)")
     add_which(s, default=None)
     s.add_argument("--no-cache", "--no_cache", action="store_true",
                    help="recompute the whole window every token, the same text slower "
@@ -168,12 +175,24 @@ def check_sampling_args(args) -> None:
                         f"at most {SEED_LIMIT - args.num_samples}")
 
 
-def check_window_args(args, model) -> None:
-    """--context_shift and --context_mode against the loaded model."""
+def check_window_args(args, model, keep: int) -> None:
+    """--context_shift, --context_mode and the context keep against the loaded model."""
     block, pos = model.config.block_size, model.config.pos_encoding
-    if args.context_shift is not None and args.context_shift >= block:
-        raise UserError(f"--context_shift must be less than the model's block_size ({block}), "
-                        f"got {args.context_shift}")
+    if keep >= block:
+        raise UserError(f"--context_keep must be less than the model's block_size ({block}), "
+                        f"got {keep}")
+    room = block - keep  # the positions a shift may free
+    if args.context_shift is not None and args.context_shift >= room:
+        what = f"block_size ({block})" if not keep else \
+            f"block_size ({block}) less the {keep} kept token(s), {room}"
+        hint = "" if args.context_keep is not None or not keep else \
+            " (--context_keep 0 keeps none of the tokenizer's start tokens)"
+        raise UserError(f"--context_shift must be less than the model's {what}, got "
+                        f"{args.context_shift}{hint}")
+    if args.context_shift is None and default_context_shift(block) >= room:
+        raise UserError(f"--context_keep {keep} leaves no room for the default context shift "
+                        f"({default_context_shift(block)} of block_size {block}): keep fewer "
+                        f"or give a smaller --context_shift")
     if args.context_mode == "roll" and args.no_cache:
         raise UserError("--context_mode roll rolls the KV cache, and --no_cache has none (it "
                         "recomputes every window, as recompute does): drop one of them")
@@ -190,17 +209,19 @@ def _write_samples(model, tokenizer, ids: list[int], args, device) -> None:
         raise UserError("--prompt is empty: give at least one character (this model's "
                         "tokenizer has no start token to begin from)" if not args.prompt else
                         "the prompt encodes to no tokens")
-    check_window_args(args, model)
+    keep = start_tokens(tokenizer) if args.context_keep is None else args.context_keep
+    check_window_args(args, model, keep)
     with decoding_weights(model, use_cache=not args.no_cache):  # packed for the whole run
-        _stream_samples(model, tokenizer, ids, args, device)
+        _stream_samples(model, tokenizer, ids, args, device, keep)
 
 
-def _stream_samples(model, tokenizer, ids: list[int], args, device) -> None:
+def _stream_samples(model, tokenizer, ids: list[int], args, device, keep: int) -> None:
     n = args.num_samples
     idx = torch.tensor([ids] * n, dtype=torch.long, device=device)  # (N, T)
     tokens = model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                           args.seed, use_cache=not args.no_cache,
-                          context_shift=args.context_shift, context_mode=args.context_mode)
+                          context_shift=args.context_shift, context_mode=args.context_mode,
+                          context_keep=keep)
     out = sys.stdout
     if n == 1:
         out.write(args.prompt)

@@ -15,6 +15,7 @@ import torch
 from ..errors import UserError
 from ..families import encoder
 from ..models.generation import default_context_shift, window_start
+from ..tokenizers.specials import start_tokens
 from ..viz.trace import token_labels
 from .errors import APIError
 
@@ -29,10 +30,13 @@ def encode(tokenizer, text: str) -> list[int]:
     return ids
 
 
-def generation_starts(length: int, prompt: int, block_size: int, shift: int) -> list[int]:
-    """starts[p]: the first token of the window the model saw when it computed the
-    next-token prediction at position p of a text of ``length`` tokens, of which the first
-    ``prompt`` were a prompt that generation continued with context shift ``shift``.
+def generation_starts(length: int, prompt: int, block_size: int, shift: int,
+                      keep: int = 0) -> list[int]:
+    """starts[p]: the first token after the ``keep`` kept ones of the window the model saw
+    when it computed the next-token prediction at position p of a text of ``length`` tokens,
+    of which the first ``prompt`` were a prompt that generation continued with context shift
+    ``shift`` (the window: ``text[:keep] + text[starts[p]:p + 1]``; ``keep`` where the window
+    is the whole text).
 
     From the prompt's last token on, these are the windows ``sample_steps`` used (the rule of
     ``models.generation.window_start``, starting from the whole prompt). Positions before it
@@ -40,11 +44,11 @@ def generation_starts(length: int, prompt: int, block_size: int, shift: int) -> 
     from its first token.
     """
     prompt = max(1, min(prompt, length))
-    starts, grown, start = [], 0, 0
+    starts, grown, start = [], keep, keep
     for n in range(1, length + 1):  # n tokens fed; the prediction at position n - 1
-        grown = window_start(n, grown, block_size, shift)
+        grown = window_start(n, grown, block_size, shift, keep)
         if n >= prompt:
-            start = window_start(n, start, block_size, shift)
+            start = window_start(n, start, block_size, shift, keep)
         starts.append(grown if n < prompt else start)
     return starts
 
@@ -54,9 +58,10 @@ def inspect(model, tokenizer, text: str, position: int, top: int,
             prompt: int | None = None) -> dict:
     """Top next-token probabilities and every head's attention at one position of ``text``,
     seen as the model saw it when it generated the next token: through the window that
-    generation used under the default context shift (``generation_starts``; ``prompt``: the
-    tokens of the text that were the prompt, default all of them). ``offset``: the first token
-    of that window."""
+    generation used under the default context shift, the tokenizer's start tokens kept
+    (``generation_starts``; ``prompt``: the tokens of the text that were the prompt, default
+    all of them). ``offset``: the first token of that window after ``kept`` tokens of the
+    text's start (0 and 0 where the window is the whole text)."""
     ids = encode(tokenizer, text)
     pos = position if position >= 0 else len(ids) + position
     if not 0 <= pos < len(ids):
@@ -64,13 +69,19 @@ def inspect(model, tokenizer, text: str, position: int, top: int,
                        "position", "bad_position")
     block = model.config.block_size
     n_prompt = len(ids) if prompt is None else prompt
-    offset = generation_starts(len(ids), n_prompt, block, default_context_shift(block))[pos]
-    window = ids[offset:pos + 1]
+    keep = start_tokens(tokenizer)
+    offset = generation_starts(len(ids), n_prompt, block, default_context_shift(block),
+                               keep)[pos]
+    kept = keep  # Llama's <s>, once the window has moved
+    if offset <= keep:  # nothing dropped: the whole text
+        kept, offset = 0, 0
+    window = ids[:kept] + ids[offset:pos + 1]
     idx = torch.tensor([window], device=next(model.parameters()).device)  # (1, T)
     logits, _, internals = model(idx, return_internals=True)  # (1, T, V)
     probs = torch.softmax(logits[0, -1].float(), dim=-1)  # (V,)
     best = torch.topk(probs, min(top, probs.numel()))
-    return {"offset": offset, "position": pos, "tokens": token_labels(tokenizer, window),
+    return {"offset": offset, "kept": kept, "position": pos,
+            "tokens": token_labels(tokenizer, window),
             "top": [{"token": label, "id": int(i), "prob": float(p)} for label, i, p in
                     zip(token_labels(tokenizer, best.indices.tolist()), best.indices,
                         best.values, strict=True)],

@@ -19,11 +19,13 @@ from ..models.generation import decode_steps
 @torch.inference_mode()
 def sample_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None, want_logprobs: bool = False):
+                 seed: int | None = None, want_logprobs: bool = False, context_keep: int = 0):
     """Yield (token (B, 1), log-probabilities (B, V) at temperature 1, or None) per new token.
 
     idx (B, T) is the prompt; past ``block_size`` tokens the window moves by the default
-    context shift and the cache is rebuilt (``context_mode="recompute"``).
+    context shift and the cache is rebuilt (``context_mode="recompute"``), the first
+    ``context_keep`` tokens kept in it.
     """
-    for nxt, last in decode_steps(model, idx, max_new_tokens, temperature, top_k, top_p, seed):
+    for nxt, last in decode_steps(model, idx, max_new_tokens, temperature, top_k, top_p, seed,
+                                  context_keep=context_keep):
         yield nxt, (torch.log_softmax(last.float(), dim=-1) if want_logprobs else None)

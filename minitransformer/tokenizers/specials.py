@@ -47,6 +47,13 @@ def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids if ids[:len(lead)] == lead else lead + ids
 
 
+def start_tokens(tokenizer) -> int:
+    """How many start tokens ``tokenizer`` (ours, or a Hugging Face folder's, wrapped) puts
+    before every prompt: Llama's ``<s>`` 1, ours, GPT-2's and Qwen's 0. Generation keeps them
+    in every window once the text outgrows it (``context_keep``)."""
+    return len(tokenizer.encode_prompt(""))
+
+
 def special_tokens(tokenizer: Tokenizer) -> set[str]:
     """The tokens the tokenizer marks special (its added tokens with ``special``)."""
     return {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
@@ -70,4 +77,4 @@ def document_separator(tokenizer: Tokenizer, wanted: str) -> str:
 
 
 __all__ = ["END_TOKENS", "document_separator", "end_token", "leading_specials", "prompt_ids",
-           "special_tokens"]
+           "special_tokens", "start_tokens"]

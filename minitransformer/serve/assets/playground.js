@@ -158,7 +158,7 @@
     const box = $("attention");
     box.replaceChildren();
     const layer = data.attention[Number($("layer").value)];
-    const keys = data.tokens.slice(0, data.position - data.offset + 1);
+    const keys = data.tokens;  // the window: its kept start tokens, then offset .. position
     if ($("head").value === "all") {
       const grid = el("div", "grid");
       grid.style.gridTemplateColumns = `auto repeat(${keys.length}, 1.4em)`;
@@ -190,8 +190,9 @@
 
   function renderPosition() {  // the window's start too once it no longer starts the text
     const d = state.inspect;
-    if (d) $("at-pos").textContent = t(d.offset ? "play.at_pos_window" : "play.at_pos",
-                                       { pos: d.position, start: d.offset });
+    if (!d) return;
+    const key = d.kept ? "play.at_pos_kept" : d.offset ? "play.at_pos_window" : "play.at_pos";
+    $("at-pos").textContent = t(key, { pos: d.position, start: d.offset, last: d.kept - 1 });
   }
 
   async function inspect(pos) {
@@ -204,7 +205,7 @@
                                                position: pos, top: 10,
                                                prompt: Math.max(1, state.nPrompt) });
       state.inspect = data;
-      $("at-token").textContent = data.tokens[data.position - data.offset];
+      $("at-token").textContent = data.tokens[data.tokens.length - 1];
       renderPosition();
       renderProbs(data);
       renderAttention();
