@@ -38,6 +38,28 @@ def test_every_part_of_the_key_moves_the_folder(monkeypatch, tmp_path):
     assert len({base, *changed}) == 5
 
 
+def test_a_given_tokenizers_folder_from_an_older_separator_encoding_is_not_reused(
+        monkeypatch, tmp_path):
+    # a run's own tokenizer (resume, evaluate, --init_from): documents and separators encoded
+    # as ids since SEPARATOR_VERSION 2, so a folder prepared before is prepared again
+    from minitransformer.data import cache
+    from minitransformer.tokenizers import CharTokenizer
+
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "t.txt"
+    text.write_text(ENGLISH, encoding="utf-8")
+    family = {"name": "gpt", "special_tokens": [], "separator": ""}
+    tok = CharTokenizer.fit(ENGLISH)
+    folders = []
+    for version in (1, cache.SEPARATOR_VERSION, cache.SEPARATOR_VERSION):
+        monkeypatch.setattr(cache, "SEPARATOR_VERSION", version)
+        got = cache.prepare_cached([str(text)], family, "char", tokenizer=tok,
+                                   echo=lambda line: None)
+        folders.append((got.folder, got.reused))
+    assert folders[0][0] != folders[1][0] == folders[2][0]
+    assert [reused for _, reused in folders] == [False, False, True]
+
+
 def test_clear_cache_removes_it_and_says_what_it_freed(monkeypatch, tmp_path):
     monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "c"))
     lines: list[str] = []

@@ -202,3 +202,14 @@ def test_a_resume_on_text_prepared_otherwise_says_it_is_not_exact(tmp_path, caps
         (folder / "config.json").write_text(json.dumps(config))
     assert main(["train", "--out", str(run), "--resume", "--max_iters", "4", *args]) == 0
     assert "prepared again, holds" in capsys.readouterr().err
+    for damaged in ([], ["4536", "504"]):  # not two counts: not compared, no internal error
+        config["data"]["split"] = damaged
+        (run / "config.json").write_text(json.dumps(config))
+        assert main(["evaluate", str(run), "--which", "last"]) == 0
+        assert "prepared again" not in capsys.readouterr().err
+    config["data"]["split"] = [train_n - 5, val_n + 5]
+    (run / "config.json").write_text(json.dumps(config))
+    with data.open("a", encoding="utf-8") as f:  # another text under the run's name: read as
+        f.write("not to be, or to be the question.\n" * 20)  # it is now, not "prepared again"
+    assert main(["evaluate", str(run), "--which", "last", "--data", str(data)]) == 0
+    assert "prepared again" not in capsys.readouterr().err

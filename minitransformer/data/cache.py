@@ -5,9 +5,11 @@
     CACHE/tokens/KEY/           one DATA_DIR (tokens.bin, tokenizer.json, manifest.json)
 
 KEY is a hash of what decides the shards: each source's fingerprint (absolute path, size,
-SHA-256), the tokenizer asked for (kind, vocabulary size, how the text is read), the family's
-special tokens and separator, the shard format version and ``FIT_VERSION`` (how tokenizers
-are fitted: raised when a fit changes, e.g. character-initial BPE's character coverage). The
+SHA-256), the tokenizer asked for (kind, vocabulary size, how the text is read; or a given
+tokenizer, a run's own, with ``SEPARATOR_VERSION``: how documents and separators encode), the
+family's special tokens and separator, the shard format version and ``FIT_VERSION`` (how
+tokenizers are fitted: raised when a fit changes, e.g. character-initial BPE's character
+coverage). The
 same file trained on again finds its folder; a changed file, another tokenizer or another
 family gets a new one.
 ``prepare --clear_cache`` removes CACHE with ``clear_cache``.
@@ -70,6 +72,10 @@ TOKENS_DIR = "tokens"
 WORKERS_FROM = 32_000_000  # bytes of text from which encoding uses prepare's worker processes
 NOTE = "cache.json"  # beside the shards: what was asked for, and the CRLF count
 FIT_VERSION = 6  # part of the key: raise it when a tokenizer kind fits other merges
+# part of the key of a given tokenizer's folders (a run's own, a Hugging Face folder's): raise
+# it when documents and their separator encode to other ids. 2: a separator of special tokens
+# goes in as their ids, each document encoded alone (a Llama tokenizer's ids changed)
+SEPARATOR_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -233,7 +239,7 @@ def prepare_cached(sources: list[str], family: dict, kind: str, vocab: int | Non
              "fit": FIT_VERSION} \
         if tokenizer is None else \
         {"json": hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True)
-                                .encode("utf-8")).hexdigest()}
+                                .encode("utf-8")).hexdigest(), "separator": SEPARATOR_VERSION}
     read = {"encoding": encoding, "newline": newline}
     if text_field != "text":  # the key of a default read stays what it was
         read["text_field"] = text_field

@@ -44,14 +44,18 @@ def _stderr(line: str) -> None:
 
 
 def note_resplit(data: dict, prepared: Prepared) -> None:
-    """A run's own text prepared again (its cache removed) into other tokens than the run
-    recorded: said, as a resume on it is then not exact."""
+    """A run's own text, unchanged, prepared again (its cache removed) into other tokens than
+    the run recorded: said, as its val split is then not the one the run measured and a resume
+    on it not exact. A recorded split that is not two counts (a damaged config.json) is not
+    compared."""
     was, now = data.get("split"), prepared.data_meta.get("split")
-    if isinstance(was, list) and was != now:
-        _stderr(f"note: the run's text, prepared again, holds {now[0]:,} train / {now[1]:,} "
-                f"val tokens where the run recorded {was[0]:,} / {was[1]:,} (this version "
-                f"encodes or splits it otherwise): it is read as it is now, so a resume does "
-                f"not continue exactly")
+    if not (isinstance(was, list) and len(was) == 2 and all(type(n) is int for n in was)) \
+            or was == now:
+        return
+    _stderr(f"note: the run's text, prepared again, holds {now[0]:,} train / {now[1]:,} val "
+            f"tokens where the run recorded {was[0]:,} / {was[1]:,} (this version encodes or "
+            f"splits it otherwise): it is read as it is now, so its val split is not the one "
+            f"the run measured and a resume does not continue exactly")
 
 
 def with_field(text_field: str) -> dict:
@@ -148,7 +152,7 @@ class StreamFamily(Family):
                                           None, encoding, mode, tokenizer=tokenizer,
                                           echo=_stderr, say_reused=False, text_field=field)
         prepared = self._open_cached(cached, sources, encoding, mode, tokenizer, field)
-        if same:
+        if same and data.get("sources") and field == recorded_field:  # checked unchanged
             note_resplit(data, prepared)
         return prepared
 
