@@ -161,6 +161,32 @@ def test_embed_pools_as_the_folders_sentence_transformers_modules_say(minilm_pat
     embeds_as_sentence_transformers(st, folder, capsys, sentences)
 
 
+@pytest.mark.parametrize("mode", ["cls", "max"])
+def test_embed_reads_a_folder_sentence_transformers_6_saved(minilm_path, tmp_path, capsys,
+                                                            mode):
+    """sentence-transformers 6 writes its Pooling config as "pooling_mode": "cls" (a name, or
+    a list) where earlier versions wrote one pooling_mode_*_tokens key a mode."""
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(minilm_path, device="cpu")
+    model[1].pooling_mode = mode
+    folder = tmp_path / "st6"
+    model.save(str(folder))
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    if "pooling_mode" not in config:
+        pytest.skip("this sentence-transformers writes the older Pooling config")
+    assert config["pooling_mode"] == mode and not any(k.endswith("_tokens") for k in config)
+    embeds_as_sentence_transformers(st, folder, capsys, ["A man is eating food.",
+                                                         "The girl is carrying a baby."])
+    config["pooling_mode"] = ["cls", "max"]
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2
+    assert "sets 2 modes" in capsys.readouterr().err
+    config["pooling_mode"] = "lasttoken"
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    assert main(["embed", "--hf", str(folder), "hello"]) == 2
+    assert "pools by lasttoken, which embed does not implement" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("setting", ["prompt", "lowercase"])
 def test_embed_reads_the_folders_default_prompt_and_lowercasing(minilm_path, tmp_path, capsys,
                                                                 setting):

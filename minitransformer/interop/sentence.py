@@ -28,10 +28,13 @@ from pathlib import Path
 
 from ..errors import UserError
 
+# the Pooling config of sentence-transformers before 6: one true/false key a mode
 MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
          "pooling_mode_max_tokens": "max"}
 UNSUPPORTED_MODES = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
                      "pooling_mode_lasttoken")
+# from 6 on: "pooling_mode", a name or a list of names (several concatenated)
+NAMED_MODES = ("mean", "cls", "max")
 KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
@@ -72,18 +75,29 @@ def read_pooling(folder) -> Pooling:
                             "the Pooling module's config")
         if not isinstance(config, dict):
             raise UserError(f"{folder}: the Pooling module's config.json is not an object")
-        unsupported = [k for k in UNSUPPORTED_MODES if config.get(k)]
-        chosen = [MODES[k] for k in MODES if config.get(k)]
+        chosen, unsupported = _modes(folder, config)
         if unsupported:
-            name = unsupported[0].removeprefix("pooling_mode_")
-            raise UserError(f"{folder} pools by {name}, which embed does not implement (it "
-                            f"pools by mean, cls or max)")
+            raise UserError(f"{folder} pools by {unsupported[0]}, which embed does not implement "
+                            f"(it pools by mean, cls or max)")
         if len(chosen) != 1:
             raise UserError(f"{folder}'s Pooling module sets {len(chosen)} modes; embed "
                             f"pools by exactly one (mean, cls or max)")
         mode = chosen[0]
         return Pooling(mode, "Normalize" in kinds, config.get("include_prompt") is not False)
     return Pooling(mode, "Normalize" in kinds)
+
+
+def _modes(folder: Path, config: dict) -> tuple[list[str], list[str]]:
+    """(the modes embed implements, the others) a Pooling config names, in either format."""
+    if "pooling_mode" not in config:  # before sentence-transformers 6
+        return ([MODES[k] for k in MODES if config.get(k)],
+                [k.removeprefix("pooling_mode_") for k in UNSUPPORTED_MODES if config.get(k)])
+    named = config["pooling_mode"]
+    names = [named] if isinstance(named, str) else named
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{folder}: the Pooling module's pooling_mode is not a name or a list "
+                        f"of names")
+    return [n for n in names if n in NAMED_MODES], [n for n in names if n not in NAMED_MODES]
 
 
 def sentence_texts(folder, sentences: list[str]) -> list[str]:
