@@ -346,14 +346,10 @@ def test_the_tokens_a_served_completion_ends_at(llama_run, tmp_path):
     assert gpt.end_tokens(CharTokenizer.fit("abc"), {}) == set()
 
 
-def test_each_document_is_encoded_as_the_tokenizer_reads_a_text_alone(tmp_path):
+def marks_first_word() -> Tokenizer:
     """A Llama tokenizer whose Metaspace marks only a text's first word (prepend_scheme
-    "first"): between documents go the ids of </s><s>, and the next document's first word
-    keeps its mark, as when the tokenizer reads that document alone (written as the text
-    "</s><s>the", the word lost it)."""
-    from tokenizers import SentencePieceBPETokenizer, decoders, pre_tokenizers
-
-    from minitransformer.data.shards import open_shards, write_stream
+    "first"), <s> put first."""
+    from tokenizers import SentencePieceBPETokenizer
 
     sp = SentencePieceBPETokenizer()
     sp.train_from_iterator(["the model is good and the old man is bad. " * 40], vocab_size=80,
@@ -362,6 +358,16 @@ def test_each_document_is_encoded_as_the_tokenizer_reads_a_text_alone(tmp_path):
     hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     hf.decoder = decoders.Metaspace(prepend_scheme="first")
     hf.post_processor = LLAMA
+    return hf
+
+
+def test_each_document_is_encoded_as_the_tokenizer_reads_a_text_alone(tmp_path):
+    """Metaspace marking a text's first word alone: between documents go the ids of
+    </s><s>, and the next document's first word keeps its mark, as when the tokenizer reads
+    that document alone (written as the text "</s><s>the", the word lost it)."""
+    from minitransformer.data.shards import open_shards, write_stream
+
+    hf = marks_first_word()
     tok = BPETokenizer(hf)
     assert document_separator(hf, "<|endoftext|>") == "</s><s>"
     docs = ["the model is good", "the old man", "and the model"]
@@ -372,3 +378,22 @@ def test_each_document_is_encoded_as_the_tokenizer_reads_a_text_alone(tmp_path):
     alone = [hf.encode(d, add_special_tokens=False).ids for d in docs]
     assert ids == alone[0] + [2, 1] + alone[1] + [2, 1] + alone[2]
     assert hf.id_to_token(alone[1][0]).startswith("\u2581")  # "▁the": the word's mark
+
+
+@pytest.mark.parametrize("prompt", ["", "the"])
+def test_logprobs_tokens_join_to_the_text_after_a_prompt_of_the_start_token_alone(prompt):
+    """After <s> alone the first word reads without the space its mark stands for, in the
+    text and in its logprobs entry; inside a text it keeps it."""
+    from minitransformer.serve.choices import Choice
+
+    tok = BPETokenizer(marks_first_word())
+    before = tok.encode_prompt(prompt)
+    c = Choice(0, [], offset=len(prompt), before=before)
+    lp = torch.log_softmax(torch.zeros(tok.vocab_size), 0)
+    for token in tok.encode(" good model is old"):
+        c.add(token, lp, 1, tok)
+    c.end(tok)
+    text, entries = c.take()
+    assert text == (" good model is old" if prompt else "good model is old")
+    assert "".join(e.text for e in entries) == text
+    assert all(e.text in e.top for e in entries)

@@ -31,11 +31,13 @@ def token_bytes(tokenizer, token: int) -> bytes | None:
     return tokenizer.decode([token]).encode("utf-8") if data is None else data  # a special
 
 
-def token_label(tokenizer, token: int) -> str:
-    """A token as logprobs name it: its text decoded alone, or ``bytes:\\xNN...`` when it
-    holds only part of a character (decoding gives U+FFFD, the same for every such token),
+def token_label(tokenizer, token: int, before: list[int] | None = None) -> str:
+    """A token as logprobs name it: the text it adds after ``before`` (None: inside a text,
+    after a probe; []: decoded alone, as the first word of a text), or ``bytes:\\xNN...`` when
+    it holds only part of a character (decoding gives U+FFFD, the same for every such token),
     or its vocabulary entry for a special token that decoding drops."""
-    text = continuation(tokenizer, [token])  # " s" for Llama's "▁s", as it reads in the text
+    # " s" for Llama's "▁s" inside a text; "s" as a text's first word
+    text = continuation(tokenizer, [token], before)
     data = token_bytes(tokenizer, token) if "\ufffd" in text else None
     if data is not None:
         try:
@@ -98,8 +100,14 @@ class Choice:
             pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
             if token not in best.indices.tolist():
                 pairs.append((token, float(logprobs[token])))
-            top = {token_label(tokenizer, i): v for i, v in sorted(pairs, key=lambda p: -p[1])}
-            self.tokens.append(TokenInfo(token_label(tokenizer, token), start,
+            # the first word of a text that has none yet (a prompt of <s> alone): named as it
+            # reads there, without the leading space a SentencePiece decoder drops
+            at_start = len(self.ids) == 1 and self.before is not None and \
+                not tokenizer.decode(self.before)
+            context = [] if at_start else None
+            top = {token_label(tokenizer, i, context): v
+                   for i, v in sorted(pairs, key=lambda p: -p[1])}
+            self.tokens.append(TokenInfo(token_label(tokenizer, token, context), start,
                                          float(logprobs[token]), top))
         text = continuation(tokenizer, self.ids, self.before)  # Llama's ▁: its space kept
         spelling = bool(self.utf8.getstate()[0]) if data is not None else \
