@@ -9,6 +9,7 @@ folder's tokenizer (``--init_from``) still encodes its text in memory."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def note_resplit(data: dict, prepared: Prepared) -> None:
     compared."""
     was, now = data.get("split"), prepared.data_meta.get("split")
     if not (isinstance(was, list) and len(was) == 2 and all(type(n) is int for n in was)) \
-            or was == now:
+            or was == now or os.environ.get("RANK", "0") != "0":  # torchrun: said once
         return
     _stderr(f"note: the run's text, prepared again, holds {now[0]:,} train / {now[1]:,} val "
             f"tokens where the run recorded {was[0]:,} / {was[1]:,} (this version encodes or "
