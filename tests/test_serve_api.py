@@ -649,30 +649,36 @@ def test_a_translation_that_ends_at_once_is_an_empty_translation(seq2seq_folder)
             assert (status, body) == (200, {"translation": ""}), body
 
 
-def test_a_source_past_learned_positions_is_cut_with_a_note_or_a_400(tmp_path, capsys):
-    """translate reads the first block_size - 1 tokens of a longer source and says so; the
-    server's translation, which reads a text whole, answers a 400, not an internal error."""
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_a_source_past_the_block_size_is_translated_as_the_command_line_does(tmp_path, capsys,
+                                                                            pos):
+    """translate reads the first block_size - 1 tokens of a longer source where its positions
+    are learned and says so, the whole source where they go on; the server translates it the
+    same and says so, without the alignment (drawn within block_size)."""
     from minitransformer.config import Seq2SeqConfig
     from minitransformer.models import Seq2SeqTransformer
     from minitransformer.tokenizers import BPETokenizer
 
     tokenizer = BPETokenizer.train(["In the beginning.", "En el principio."] * 4, 280)
     cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2,
-                        n_embd=16, d_ff=32, dropout=0.0, pos_encoding="learned")
+                        n_embd=16, d_ff=32, dropout=0.0, pos_encoding=pos)
     meta = {"format": "minitransformer", "version": 1, "family": "seq2seq",
             "model": dataclasses.asdict(cfg), "data": {"source": "test"}}
     write_model_files(tmp_path / "mt", Seq2SeqTransformer(cfg), meta, tokenizer)
     long = "In the beginning. " * 8
     n = len(tokenizer.encode(long))
     assert main(["translate", str(tmp_path / "mt"), "In the", long, "--beam", "1"]) == 0
-    assert capsys.readouterr().err == (f"note: sentence 2 is {n} tokens; it is translated from "
-                                       f"its first 15 (the model's learned positions end "
-                                       f"there)\n")
+    printed = capsys.readouterr()
+    assert printed.err == ("" if pos == "sinusoidal" else
+                           f"note: sentence 2 is {n} tokens; it is translated from its first "
+                           f"15 (the model's learned positions end there)\n")
     with running(create_app(load_run(tmp_path / "mt"), Settings(model_id="m"))) as u:
-        status, body = post(u, json.dumps({"text": long}).encode(), path="api/translate")
-        assert status == 400 and f"{n} tokens long" in body["error"]["message"], body
-        assert_openai_error(body)
-        assert post(u, b'{"text": "In the"}', path="api/translate")[0] == 200
+        status, body = post(u, json.dumps({"text": long, "beam": 1}).encode(),
+                            path="api/translate")
+        assert status == 200 and body["translation"] == printed.out.splitlines()[1], body
+        assert f"{n} tokens" in body["note"] and "cross_attention" not in body
+        assert ("first 15" in body["note"]) == (pos == "learned")
+        assert "cross_attention" in post(u, b'{"text": "In the"}', path="api/translate")[1]
 
 
 def test_runs_that_do_not_continue_text_say_what_they_answer(seq2seq_folder, tmp_path,

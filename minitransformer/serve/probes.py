@@ -98,13 +98,28 @@ def translate(run, text: str, beam: int) -> dict:
         raise APIError(400, f"text: {e}", "text", "bad_text") from None
     if not out:  # </s> first (a young model): nothing attended to draw
         return {"translation": ""}
-    views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text, out)}
-    cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
     body = {"translation": out}
+    try:  # the alignment is drawn within block_size; translate reads longer sources too
+        views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text,
+                                                               out)}
+    except UserError:
+        return {**body, "note": long_source_note(run.model, len(run.tokenizer.encode(text)))}
+    cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
     if cross is not None:
         body["cross_attention"] = {"weights": cross.weights.mean(dim=(0, 1)).tolist(),
                                    "source": cross.key_labels, "target": cross.query_labels}
     return body
+
+
+def long_source_note(model, n: int) -> str:
+    """What ``translate`` did with a source of ``n`` tokens past the model's block_size, as
+    the command line says it (``families.seq2seq.encode_sources``)."""
+    c = model.config
+    if c.pos_encoding == "learned":
+        return (f"the text is {n} tokens; it is translated from its first {c.block_size - 1} "
+                f"(the model's learned positions end there), and no alignment is drawn")
+    return (f"the text is {n} tokens, past the model's block_size ({c.block_size}): translated "
+            f"whole, but no alignment is drawn")
 
 
 def fill_mask(model, tokenizer, text: str, top: int) -> dict:

@@ -260,7 +260,7 @@
         });
         box.append(grid);
       }
-      setStatus("t-status", "");
+      setStatus("t-status", data.note || "");
     } catch (e) {
       setStatus("t-status", e.message, true);
     }
