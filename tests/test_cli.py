@@ -158,6 +158,23 @@ def test_existing_run_needs_resume_or_force(tiny_run, tiny_corpus, capsys):
     _assert_user_error(code, err, "--resume", "--force")
 
 
+def test_force_replaces_the_runs_checkpoints_and_leaves_other_files(tiny_corpus, tmp_path,
+                                                                     capsys):
+    out = tmp_path / "mine"
+    (out / "checkpoints" / "step_0000099").mkdir(parents=True)
+    (out / "checkpoints" / "step_0000099" / "trainer_state.json").write_text("{}")
+    (out / "checkpoints" / "mine.txt").write_text("x")
+    (out / "notes.txt").write_text("p")
+    code = cli.main(["train", "--data", str(tiny_corpus), "--out", str(out), "--preset", "debug",
+                     "--time_budget", "none", "--max_iters", "2", "--eval_interval", "2",
+                     "--eval_iters", "1", "--sample_tokens", "0", "--quiet", "--force"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "checkpoints" / "mine.txt").read_text() == "x"
+    assert (out / "notes.txt").read_text() == "p"
+    assert not (out / "checkpoints" / "step_0000099").exists()
+    assert (out / "checkpoints" / "step_0000002").is_dir()
+
+
 def test_time_budget_none_without_a_preset_lets_max_iters_decide(tiny_corpus, tmp_path, capsys):
     code = cli.main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
                      "--time_budget", "none", "--max_iters", "3", "--eval_interval", "3",

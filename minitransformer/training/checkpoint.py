@@ -15,6 +15,7 @@ under a temporary name and renamed into place. Loading never unpickles anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -197,6 +198,18 @@ def run_around(path) -> Path | None:
     if inside is not None and inside.parent.name == CHECKPOINTS:  # a checkpoint folder
         return inside.parent.parent
     return inside if inside != Path(path).resolve() else None
+
+
+def remove_checkpoints(out_dir: Path) -> None:
+    """Remove a run's checkpoints (``step_*`` folders, saves cut short) and then
+    ``checkpoints/`` itself where nothing else is in it (``train --force``): files of another
+    kind there are not the run's to remove."""
+    folder = Path(out_dir) / CHECKPOINTS
+    for entry in folder.iterdir() if folder.is_dir() else []:
+        if entry.is_dir() and entry.name.startswith(("step_", ".tmp-step_")):
+            shutil.rmtree(entry, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:

@@ -105,8 +105,8 @@ def prepare_out_dir(out_dir: Path, resume: bool, force: bool) -> None:
         for stale in (out_dir / ckpt.CHECKPOINTS).glob(".tmp-*"):  # a save cut short
             shutil.rmtree(stale, ignore_errors=True)
         return
-    if has_run and force:
-        shutil.rmtree(out_dir / ckpt.CHECKPOINTS, ignore_errors=True)
+    if has_run and force:  # the run's own files: anything else in the folder stays
+        ckpt.remove_checkpoints(out_dir)
         for name in (ckpt.MODEL_FILE, ckpt.CONFIG_FILE, ckpt.TOKENIZER_FILE, "log.csv",
                      *ADAPTER_FILES):
             (out_dir / name).unlink(missing_ok=True)
