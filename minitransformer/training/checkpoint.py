@@ -235,8 +235,12 @@ def why_no_checkpoint(out_dir: Path) -> str:
 
 
 def read_state(folder: Path) -> dict:
-    """trainer_state.json of a checkpoint folder (step, train_seconds, ...)."""
-    return read_json_object(Path(folder) / STATE_JSON)
+    """trainer_state.json of a checkpoint folder (step, train_seconds, ...); damaged, the
+    error says how to go back to the checkpoint before it."""
+    try:
+        return read_json_object(Path(folder) / STATE_JSON)
+    except UserError as e:
+        raise UserError(f"{e}{_go_back(Path(folder))}") from None
 
 
 def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
