@@ -265,6 +265,8 @@ def test_explain_cli_writes_one_self_contained_file(run_dir, tmp_path):
     assert (doc["layer"], doc["head"], len(doc["steps"])) == (1, 1, 8)
     assert len(doc["steps"][7]["blocks"][1]["items"]) == 3
     assert main(["explain", "--worked-example", "--out", str(tmp_path / "w.html")]) == 0
+    assert main(["explain", "--worked-example", "--out", str(tmp_path / "w.HTM")]) == 0
+    assert "explain-data" in (tmp_path / "w.HTM").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("command, name", [("explain", "walk.html"),

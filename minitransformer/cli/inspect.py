@@ -19,13 +19,16 @@ from ..viz.worked import worked_example_doc
 from .flags import add_run_dir, add_which, cli_text, nonneg_int
 
 
+SUFFIXES = {".html": (".html", ".htm"), ".png": (".png",)}
+
+
 def _check_out(out: str, suffix: str, force: bool) -> Path:
-    """``--out`` as a path to write: ending in ``suffix``, and where a file is there already,
-    one this command wrote (a page with its generator tag, a PNG with its Software text),
-    unless ``force``: never a file of the user's own."""
+    """``--out`` as a path to write: ending in ``suffix`` (a page in .htm too), and where a
+    file is there already, one this command wrote (a page with its generator tag, a PNG with
+    its Software text), unless ``force``: never a file of the user's own."""
     path = Path(out)
-    if path.suffix.lower() != suffix:
-        raise UserError(f"--out {out} should end in {suffix}")
+    if path.suffix.lower() not in SUFFIXES[suffix]:
+        raise UserError(f"--out {out} should end in {' or '.join(SUFFIXES[suffix])}")
     if path.is_dir():
         raise UserError(f"--out {out} is a folder; give a file name ending in {suffix}")
     mark = GENERATOR.encode() if suffix == ".html" else b"Software\x00" + SOFTWARE.encode()
