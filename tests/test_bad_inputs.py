@@ -196,6 +196,12 @@ def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, caps
                      "no checkpoints/", "drop --which")
 
 
+def test_a_runs_checkpoints_folder_points_at_the_run_and_its_checkpoints(run_dir, capsys):
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1]
+    check_user_error(capsys, ["sample", run_dir / "checkpoints", "--prompt", "he"],
+                     "holds a run's checkpoints", str(newest))
+
+
 @pytest.mark.parametrize("damaged", ["trainer_state.safetensors", "model.safetensors",
                                      "trainer_state.json"])
 def test_a_damaged_newest_checkpoint_names_the_one_to_go_back_to(run_dir, tmp_path, capsys,

@@ -105,8 +105,8 @@ def refuse_run_folder(path) -> None:
     run = ckpt.run_containing(path)
     if run is not None:
         raise UserError(f"--hf {path} is a minitransformer run or checkpoint folder (or lies "
-                        f"in one): export would replace its config.json, model.safetensors "
-                        f"and tokenizer.json; choose another folder, e.g. --hf "
+                        f"in a run's checkpoints/): export would replace its config.json, "
+                        f"model.safetensors and tokenizer.json; choose another folder, e.g. --hf "
                         f"{run.parent / (run.name + '-hf')}")
     if (Path(path) / MANIFEST).exists():
         raise UserError(f"--hf {path} holds prepared data ({MANIFEST}), whose tokenizer.json "

@@ -18,7 +18,6 @@ from ..viz.page import GENERATOR, write_page
 from ..viz.worked import worked_example_doc
 from .flags import add_run_dir, add_which, cli_text, nonneg_int
 
-
 SUFFIXES = {".html": (".html", ".htm"), ".png": (".png",)}
 
 

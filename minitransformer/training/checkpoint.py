@@ -311,6 +311,10 @@ def read_meta(folder: Path) -> dict:
     if is_prepared(folder):
         raise UserError(f"{folder} holds prepared data, not a model: train --data {folder} "
                         f"--out RUN trains one on it")
+    if folder.name == CHECKPOINTS and (steps := list_checkpoints(folder.parent)):
+        raise UserError(f"{folder} holds a run's checkpoints: give the run folder "
+                        f"{folder.parent} (its best model, or --which last) or one checkpoint "
+                        f"in it, e.g. {steps[-1]}")
     for name in (CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE):
         if not (folder / name).exists():
             raise UserError(f"{folder} is not a complete checkpoint: {name} is missing"
