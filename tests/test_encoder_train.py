@@ -184,3 +184,29 @@ def test_a_filled_line_break_shows_as_the_candidates_show_it(make_encoder):
         model.mlm_head.bias[tokenizer.encode("\n")[0]] = 100.0
     assert FAMILY.fill(model, tokenizer, ["a[MASK]b"], 1) == \
         ["a[MASK]b", "  [MASK] 1: \u23ce 100.0%", "-> a\u23ceb"]
+
+
+def test_fill_names_the_pieces_a_wordpiece_vocabulary_lacks(capsys):
+    """A BERT-style vocabulary reads a character it lacks as [UNK], which decoding drops from
+    the filled line: a note names them, as translate's does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from minitransformer.config import EncoderConfig
+    from minitransformer.families.encoder import FAMILY
+    from minitransformer.models import EncoderModel
+    from minitransformer.tokenizers import BPETokenizer
+
+    wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wp.train_from_iterator(["to be or not to be"] * 10, trainers.WordPieceTrainer(
+        vocab_size=60, special_tokens=["[PAD]", "[UNK]", "[MASK]"], show_progress=False))
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=wp.get_vocab_size(), mask_id=wp.token_to_id("[MASK]"),
+                        block_size=32, n_layer=1, n_head=2, n_embd=16)
+    lines = FAMILY.fill(EncoderModel(cfg).eval(), BPETokenizer(wp), ["to [MASK] 日本 or ☃"], 1)
+    assert len(lines) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("note: the model's vocabulary has no ") and "'☃'" in err
+    assert "read as <unk>" in err and "MASK" not in err
+    FAMILY.fill(EncoderModel(cfg).eval(), BPETokenizer(wp), ["to [MASK] be"], 1)
+    assert capsys.readouterr().err == ""

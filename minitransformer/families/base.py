@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,16 @@ def as_named_now(meta: dict, source: str | list[str]) -> dict:
     except UserError:
         data = {k: v for k, v in data.items() if k not in ("sources", "cache")}
     return {**meta, "data": data}
+
+
+def note_unknown_pieces(tokenizer, texts: list[str]) -> None:
+    """Say on stderr which pieces of ``texts`` the tokenizer's vocabulary lacks (each read as
+    <unk>, which decoding drops), where it can tell (a subword vocabulary's)."""
+    unknown = tokenizer.unknown_pieces(texts) if hasattr(tokenizer, "unknown_pieces") else []
+    if unknown:
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}{more}: "
+              f"each is read as <unk>", file=sys.stderr)
 
 
 def data_label(meta: dict, fallback: str) -> str:

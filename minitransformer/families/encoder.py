@@ -27,7 +27,7 @@ from ..training import checkpoint as ckpt
 from ..training.mlm import MaskedLMTask
 from ..viz.trace import token_labels
 from ..viz.views import self_attention_views
-from .base import Built, NotApplicable, Prepared, run_meta, summary_lines
+from .base import Built, NotApplicable, Prepared, note_unknown_pieces, run_meta, summary_lines
 from .streams import StreamFamily
 
 MASK_TOKENS = ("<mask>", "[MASK]")  # ours, BERT's
@@ -141,6 +141,7 @@ class EncoderFamily(StreamFamily):
                 _slots(tokenizer, text, model.config.mask_id, model.config.block_size)
             except FillError as e:
                 raise UserError(f"text {n}: {e}" if len(texts) > 1 else str(e)) from None
+        note_unknown_pieces(tokenizer, [MARKER.sub(" ", t) for t in texts])
         lines = []
         for text in texts:
             result = fill_mask(model, tokenizer, text, top)

@@ -33,6 +33,7 @@ from .base import (
     NotApplicable,
     Prepared,
     data_source,
+    note_unknown_pieces,
     run_meta,
     summary_lines,
     train_config,
@@ -306,10 +307,7 @@ def encode_sources(model, tokenizer, texts: list[str], what: str = "sentence"
                    ) -> list[list[int]]:
     """Source ids ending in </s>, cut to the position table when it cannot extend; that cut
     (the translation is then of the beginning) and pieces read as <unk> are said on stderr."""
-    if unknown := tokenizer.unknown_pieces(texts):
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        print(f"note: the model's vocabulary has no {', '.join(map(repr, unknown[:10]))}{more}: "
-              f"each is read as <unk>", file=sys.stderr)
+    note_unknown_pieces(tokenizer, texts)
     c = model.config
     limit = c.block_size - 1 if c.pos_encoding == "learned" else None
     if limit is not None:

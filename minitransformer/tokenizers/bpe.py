@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import UserError
-from .specials import prompt_ids
+from .specials import prompt_ids, unknown_id
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3 after training
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # the byte-fallback vocabulary
@@ -273,7 +273,7 @@ class BPETokenizer:
 
     @property
     def unk_id(self) -> int | None:
-        return self.hf.token_to_id("<unk>")
+        return unknown_id(self.hf)  # WordPiece's [UNK], SentencePiece's <unk>
 
     # ---- saving -----------------------------------------------------------------------------
 

@@ -54,6 +54,17 @@ def start_tokens(tokenizer) -> int:
     return len(tokenizer.encode_prompt(""))
 
 
+def unknown_id(tokenizer: Tokenizer) -> int | None:
+    """The id unknown text becomes: the model's own unknown token (WordPiece's [UNK], a BPE's
+    unk_token, a Unigram's unk_id), else <unk> where the vocabulary has it."""
+    model = tokenizer.model
+    name = getattr(model, "unk_token", None)
+    if isinstance(name, str) and (found := tokenizer.token_to_id(name)) is not None:
+        return found
+    index = getattr(model, "unk_id", None)
+    return index if isinstance(index, int) else tokenizer.token_to_id("<unk>")
+
+
 def special_tokens(tokenizer: Tokenizer) -> set[str]:
     """The tokens the tokenizer marks special (its added tokens with ``special``)."""
     return {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
@@ -77,4 +88,4 @@ def document_separator(tokenizer: Tokenizer, wanted: str) -> str:
 
 
 __all__ = ["END_TOKENS", "document_separator", "end_token", "leading_specials", "prompt_ids",
-           "special_tokens", "start_tokens"]
+           "special_tokens", "start_tokens", "unknown_id"]
