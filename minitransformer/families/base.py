@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,6 +338,10 @@ def as_named_now(meta: dict, source: str | list[str]) -> dict:
         check_sources(data, sources)
     except UserError:
         data = {k: v for k, v in data.items() if k not in ("sources", "cache")}
+        if os.environ.get("RANK", "0") == "0":  # torchrun: said once
+            print(f"note: {', '.join(sources)} changed since the run read it: it is read as it "
+                  f"is now, so its val split is not the one the run measured and a resume "
+                  f"does not continue exactly", file=sys.stderr)
     return {**meta, "data": data}
 
 
