@@ -126,6 +126,21 @@ def test_sample_keeps_the_start_token_in_every_window_by_default(llama_folder, c
     assert outs[None] == outs[1] != outs[0]
 
 
+def test_the_start_token_is_kept_by_default_only_where_the_window_has_room(llama_folder,
+                                                                          capsys):
+    from minitransformer.models.generation import default_context_keep
+
+    assert default_context_keep(1, 64) == 1 and default_context_keep(0, 64) == 0
+    assert default_context_keep(1, 1) == 0 and default_context_keep(1, 64, shift=63) == 0
+    _, folder = llama_folder  # block_size 64: a shift of 63 leaves no room for <s>
+    assert main(["sample", "--hf", str(folder), "--prompt", "to be", "--max-new-tokens", "70",
+                 "--temperature", "0", "--context-shift", "63"]) == 0
+    assert capsys.readouterr().err.count("\n") == 1  # the model's description alone
+    assert main(["sample", "--hf", str(folder), "--prompt", "to be", "--context-keep", "1",
+                 "--context-shift", "63"]) == 2
+    assert "less the 1 kept token(s), 63" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def llama_run(llama_folder, tmp_path_factory):
     """A run holding the folder's model and tokenizer, as ``train --init_from`` keeps them."""

@@ -23,7 +23,12 @@ from ..families import load_run
 from ..interop import describe, load_hf, load_hf_tokenizer
 from ..interop.tokenizer import as_char_tokenizer
 from ..models import GPT
-from ..models.generation import ROLLABLE, decoding_weights, default_context_shift
+from ..models.generation import (
+    ROLLABLE,
+    decoding_weights,
+    default_context_keep,
+    default_context_shift,
+)
 from ..tokenizers import BPETokenizer
 from ..tokenizers.specials import start_tokens
 from ..tokenizers.streaming import stream_text
@@ -49,8 +54,10 @@ from the new window: the model sees exactly that window, as if it had never seen
 entries instead: nothing is recomputed, but the kept tokens' keys and values still carry what
 they saw of the dropped text (an approximation). --context_keep K: the text's first K tokens
 never leave the window (the prompt's, or the first generated ones after a shorter prompt);
-by default the start tokens the tokenizer puts before every prompt (Llama's <s>: a model
-trained on texts that begin with it expects it first; none for char and GPT-2 tokenizers)."""
+by default the start tokens the tokenizer puts before every prompt where the window has room
+for them beside the shift (Llama's <s>: a model trained on texts that begin with it expects it
+first; none for char and GPT-2 tokenizers). With kept tokens, the shift is at most block_size
+- K - 1, and roll drops the oldest entries after them."""
 
 
 def add_sample(sub) -> None:
@@ -185,10 +192,8 @@ def check_window_args(args, model, keep: int) -> None:
     if args.context_shift is not None and args.context_shift >= room:
         what = f"block_size ({block})" if not keep else \
             f"block_size ({block}) less the {keep} kept token(s), {room}"
-        hint = "" if args.context_keep is not None or not keep else \
-            " (--context_keep 0 keeps none of the tokenizer's start tokens)"
         raise UserError(f"--context_shift must be less than the model's {what}, got "
-                        f"{args.context_shift}{hint}")
+                        f"{args.context_shift}")
     if args.context_shift is None and default_context_shift(block) >= room:
         raise UserError(f"--context_keep {keep} leaves no room for the default context shift "
                         f"({default_context_shift(block)} of block_size {block}): keep fewer "
@@ -209,7 +214,8 @@ def _write_samples(model, tokenizer, ids: list[int], args, device) -> None:
         raise UserError("--prompt is empty: give at least one character (this model's "
                         "tokenizer has no start token to begin from)" if not args.prompt else
                         "the prompt encodes to no tokens")
-    keep = start_tokens(tokenizer) if args.context_keep is None else args.context_keep
+    keep = args.context_keep if args.context_keep is not None else default_context_keep(
+        start_tokens(tokenizer), model.config.block_size, args.context_shift)
     check_window_args(args, model, keep)
     with decoding_weights(model, use_cache=not args.no_cache):  # packed for the whole run
         _stream_samples(model, tokenizer, ids, args, device, keep)

@@ -129,6 +129,13 @@ def default_context_shift(block_size: int) -> int:
     return block_size // 4
 
 
+def default_context_keep(start_tokens: int, block_size: int, shift: int | None = None) -> int:
+    """The tokens a text keeps in every window unless told: its start tokens (Llama's <s>),
+    where the window has room for them beside ``shift`` (default ``block_size // 4``)."""
+    shift = default_context_shift(block_size) if shift is None else shift
+    return start_tokens if start_tokens + shift < block_size else 0
+
+
 def check_context(block_size: int, shift: int, mode: str, pos_encoding: str,
                   keep: int = 0) -> None:
     """Raise ValueError for a keep outside 0 .. block_size - 1, a shift outside

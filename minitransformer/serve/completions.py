@@ -21,10 +21,9 @@ import torch
 from ..errors import UserError
 from ..models.generation import sample_next
 from ..models.ragged import RaggedBatch
-from ..tokenizers.specials import start_tokens
 from .choices import Choice, logprobs_body
 from .errors import APIError
-from .sampling import sample_steps
+from .sampling import kept_start, sample_steps
 from .schemas import MAX_CHOICES, MAX_PROMPTS, MAX_STOPS, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the completions API
@@ -171,7 +170,7 @@ def _decode(model, tokenizer, rows: list[Row], seed: int | None) -> None:
     idx = torch.tensor([r.prompt_ids for r in rows], dtype=torch.long, device=device)  # (B, T)
     steps = sample_steps(model, idx, max(r.plan.max_tokens for r in rows), plan.temperature,
                          plan.top_k, plan.top_p, seed, plan.logprobs is not None,
-                         start_tokens(tokenizer))  # Llama's <s> stays in every window
+                         kept_start(model, tokenizer))  # Llama's <s> stays in every window
     for step, (nxt, lp) in enumerate(steps):
         live = [(i, r) for i, r in enumerate(rows)
                 if r.choice.finish is None and not r.job.cancelled.is_set()]
@@ -188,7 +187,7 @@ def _decode_ragged(model, tokenizer, rows: list[Row]) -> None:
     cancelled."""
     plan = rows[0].plan
     batch = RaggedBatch(model, [r.prompt_ids for r in rows],
-                        context_keep=start_tokens(tokenizer))  # Llama's <s> in every window
+                        context_keep=kept_start(model, tokenizer))  # Llama's <s> in every window
     gone = [i for i, r in enumerate(rows) if r.plan.max_tokens == 0]
     for i in gone:  # nothing asked for: the choice ends empty at once
         rows[i].choice.end(tokenizer)

@@ -15,9 +15,9 @@ import torch
 from ..errors import UserError
 from ..families import encoder
 from ..models.generation import default_context_shift, window_start
-from ..tokenizers.specials import start_tokens
 from ..viz.trace import token_labels
 from .errors import APIError
+from .sampling import kept_start
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -69,7 +69,7 @@ def inspect(model, tokenizer, text: str, position: int, top: int,
                        "position", "bad_position")
     block = model.config.block_size
     n_prompt = len(ids) if prompt is None else prompt
-    keep = start_tokens(tokenizer)
+    keep = kept_start(model, tokenizer)
     offset = generation_starts(len(ids), n_prompt, block, default_context_shift(block),
                                keep)[pos]
     kept = keep  # Llama's <s>, once the window has moved

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from ..models.generation import decode_steps
+from ..models.generation import decode_steps, default_context_keep
+from ..tokenizers.specials import start_tokens
+
+
+def kept_start(model, tokenizer) -> int:
+    """The tokens every window keeps: the tokenizer's start tokens (Llama's <s>), where the
+    window has room for them, as ``sample`` keeps them by default."""
+    return default_context_keep(start_tokens(tokenizer), model.config.block_size)
 
 
 @torch.inference_mode()
