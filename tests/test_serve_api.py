@@ -681,6 +681,23 @@ def test_a_source_past_the_block_size_is_translated_as_the_command_line_does(tmp
         assert "cross_attention" in post(u, b'{"text": "In the"}', path="api/translate")[1]
 
 
+def test_a_translation_past_the_block_size_is_aligned_from_its_beginning(seq2seq_folder,
+                                                                         monkeypatch):
+    """A short source whose translation outgrows block_size (sinusoidal positions go on):
+    the alignment of the translation's first block_size - 1 tokens, and a note saying so."""
+    from minitransformer.serve import probes
+
+    run = load_run(seq2seq_folder)  # block_size 16
+    long = "En el principio. " * 6
+    monkeypatch.setattr(type(run.family), "translate", lambda *a: [long])
+    body = probes.translate(run, "In the", 1)
+    n = len(run.tokenizer.encode(long))
+    assert body["translation"] == long and n > 15
+    assert body["note"] == (f"the translation is {n} tokens; its alignment is drawn for the "
+                            f"first 15 (the model's block_size)")
+    assert len(body["cross_attention"]["target"]) == 16  # <s> and 15 tokens
+
+
 def test_runs_that_do_not_continue_text_say_what_they_answer(seq2seq_folder, tmp_path,
                                                              make_encoder):
     """A chat or a completion request to an encoder-decoder's or a masked-LM encoder's server

@@ -99,11 +99,18 @@ def translate(run, text: str, beam: int) -> dict:
     if not out:  # </s> first (a young model): nothing attended to draw
         return {"translation": ""}
     body = {"translation": out}
-    try:  # the alignment is drawn within block_size; translate reads longer sources too
-        views = {v.name: v for v in run.family.attention_views(run.model, run.tokenizer, text,
-                                                               out)}
-    except UserError:
-        return {**body, "note": long_source_note(run.model, len(run.tokenizer.encode(text)))}
+    limit, tok = run.model.config.block_size - 1, run.tokenizer  # positions beside </s>, <s>
+    if (n := len(tok.encode(text))) > limit:  # translate reads longer sources too
+        return {**body, "note": long_source_note(run.model, n)}
+    target = out
+    if len(ids := tok.encode(out)) > limit:  # the alignment of the translation's beginning
+        target = tok.decode(ids[:limit])
+        body["note"] = (f"the translation is {len(ids)} tokens; its alignment is drawn for the "
+                        f"first {limit} (the model's block_size)")
+    try:
+        views = {v.name: v for v in run.family.attention_views(run.model, tok, text, target)}
+    except UserError as e:  # a target that encodes otherwise once cut, say
+        return {**body, "note": f"no alignment drawn: {e}"}
     cross = next((v for name, v in views.items() if "cross" in name.lower()), None)
     if cross is not None:
         body["cross_attention"] = {"weights": cross.weights.mean(dim=(0, 1)).tolist(),
