@@ -412,3 +412,17 @@ def test_logprobs_tokens_join_to_the_text_after_a_prompt_of_the_start_token_alon
     assert text == (" good model is old" if prompt else "good model is old")
     assert "".join(e.text for e in entries) == text
     assert all(e.text in e.top for e in entries)
+
+
+def test_the_unknown_id_is_the_models_own_unknown_token():
+    from tokenizers import models
+
+    from minitransformer.tokenizers.specials import unknown_id
+
+    wordpiece = Tokenizer(models.WordPiece({"[PAD]": 0, "[UNK]": 1, "a": 2}, unk_token="[UNK]"))
+    unigram = Tokenizer(models.Unigram([("<pad>", 0), ("[UNKNOWN]", 0), ("a", -1)], unk_id=1))
+    assert unknown_id(wordpiece) == 1 and unknown_id(unigram) == 1
+    assert unigram.encode("ab").ids == [2, 1]
+    named = Tokenizer(models.BPE({"<pad>": 0, "<unk>": 1, "a": 2}, []))
+    assert unknown_id(named) == 1  # <unk> by name, where the model names none
+    assert unknown_id(Tokenizer(models.BPE({"<pad>": 0, "a": 1}, []))) is None

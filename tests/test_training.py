@@ -214,3 +214,7 @@ def test_a_resume_on_text_prepared_otherwise_says_it_is_not_exact(tmp_path, caps
     assert main(["evaluate", str(run), "--which", "last", "--data", str(data)]) == 0
     err = capsys.readouterr().err
     assert "prepared again" not in err and f"note: {data} changed since the run read it" in err
+    data.rename(tmp_path / "elsewhere.txt")  # gone: its error alone, no note before it
+    assert main(["evaluate", str(run), "--which", "last", "--data", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "changed since" not in err, err

@@ -337,6 +337,8 @@ def as_named_now(meta: dict, source: str | list[str]) -> dict:
     try:
         check_sources(data, sources)
     except UserError:
+        if not all(Path(s).exists() for s in sources):  # a missing file: its own error later
+            return meta
         data = {k: v for k, v in data.items() if k not in ("sources", "cache")}
         if os.environ.get("RANK", "0") == "0":  # torchrun: said once
             print(f"note: {', '.join(sources)} changed since the run read it: it is read as it "

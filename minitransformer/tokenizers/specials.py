@@ -25,6 +25,8 @@ string ``<|endoftext|>`` would be about eight ordinary tokens there.
 
 from __future__ import annotations
 
+import json
+
 from tokenizers import Tokenizer
 
 PROBE = "a"  # a text every tokenizer encodes to at least one token of its own
@@ -56,13 +58,17 @@ def start_tokens(tokenizer) -> int:
 
 def unknown_id(tokenizer: Tokenizer) -> int | None:
     """The id unknown text becomes: the model's own unknown token (WordPiece's [UNK], a BPE's
-    unk_token, a Unigram's unk_id), else <unk> where the vocabulary has it."""
+    unk_token, a Unigram's unk_id, which only its JSON holds), else <unk> where the vocabulary
+    has it."""
     model = tokenizer.model
     name = getattr(model, "unk_token", None)
     if isinstance(name, str) and (found := tokenizer.token_to_id(name)) is not None:
         return found
-    index = getattr(model, "unk_id", None)
-    return index if isinstance(index, int) else tokenizer.token_to_id("<unk>")
+    if type(model).__name__ == "Unigram":
+        index = json.loads(tokenizer.to_str())["model"].get("unk_id")
+        if isinstance(index, int):
+            return index
+    return tokenizer.token_to_id("<unk>")
 
 
 def special_tokens(tokenizer: Tokenizer) -> set[str]:

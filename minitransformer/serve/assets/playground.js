@@ -191,7 +191,8 @@
   function renderPosition() {  // the window's start too once it no longer starts the text
     const d = state.inspect;
     if (!d) return;
-    const key = d.kept ? "play.at_pos_kept" : d.offset ? "play.at_pos_window" : "play.at_pos";
+    const key = d.kept === 1 ? "play.at_pos_kept_one" : d.kept ? "play.at_pos_kept"
+      : d.offset ? "play.at_pos_window" : "play.at_pos";
     $("at-pos").textContent = t(key, { pos: d.position, start: d.offset, last: d.kept - 1 });
   }
 
