@@ -74,13 +74,15 @@ class CompletionRequest(Strict):
 class InspectRequest(Strict):
     """POST /api/inspect: what the model computes at one position of a text."""
 
-    text: str = Field(min_length=1, description="the text (at most block_size tokens are read)")
+    text: str = Field(min_length=1, description="the text (a position is read through its "
+                      "window: at most block_size tokens)")
     position: int = Field(-1, description="token index; -1 = the last")
     top: int = Field(10, ge=1, le=MAX_TOP, description="next-token probabilities shown")
     prompt: int | None = Field(None, ge=1, description="tokens of the text that were the "
                                "prompt of a completion: later positions are seen through the "
                                "windows its generation used (the default context shift past "
-                               "block_size); default, or more than the text holds (its "
+                               "block_size, the start tokens kept); default, or more than the "
+                               "text holds (its "
                                "tokens read alone can outnumber the whole text's): the "
                                "whole text")
 
