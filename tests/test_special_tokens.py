@@ -135,7 +135,8 @@ def test_the_start_token_is_kept_by_default_only_where_the_window_has_room(llama
     _, folder = llama_folder  # block_size 64: a shift of 63 leaves no room for <s>
     assert main(["sample", "--hf", str(folder), "--prompt", "to be", "--max-new-tokens", "70",
                  "--temperature", "0", "--context-shift", "63"]) == 0
-    assert capsys.readouterr().err.count("\n") == 1  # the model's description alone
+    err = capsys.readouterr().err  # the model's description alone, as a Llama's parts
+    assert err.count("\n") == 1 and err.startswith("GPT (rope, rmsnorm, swiglu): ")
     assert main(["sample", "--hf", str(folder), "--prompt", "to be", "--context-keep", "1",
                  "--context-shift", "63"]) == 2
     assert "less the 1 kept token(s), 63" in capsys.readouterr().err
