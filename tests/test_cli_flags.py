@@ -109,6 +109,8 @@ def test_aliases_people_bring_from_other_tools():
     (["train", "--out", "o", "--compile", "maybe"], ["expected auto, on or off, got 'maybe'"]),
     (["train", "--out", "o", "--context-mode", "roll"],  # another command's flag
      ["--context-mode is a flag of sample, not of train"]),
+    (["sample", "d", "--lr", "3"],  # another command's flag by its alias
+     ["--lr is a flag of train and compare, not of sample"]),
     (["sample", "d", "--debug"], ["--debug goes before the command"]),
     (["sample", "d", "--beam", "4", "--top=3", "--bogus", "1"],
      ["--beam is a flag of translate and evaluate, not of sample; --top is a flag of fill",
@@ -170,3 +172,14 @@ def test_text_the_terminal_could_not_decode_is_named_so(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "not valid text in this terminal's encoding" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("word, hint", [("--temperatur", "--temperature"), ("--foo", None),
+                                        ("--lr", None)])
+def test_a_hint_names_another_flag_only_when_one_is_close(word, hint, capsys):
+    assert main(["sample", "d", word, "3"]) == 2
+    err = capsys.readouterr().err
+    if hint is None:  # --foo is not --hf; --lr is train's, not a misspelt --lr
+        assert "did you mean" not in err, err
+    else:
+        assert f"{word} -> {hint}" in err, err

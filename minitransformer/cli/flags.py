@@ -31,6 +31,7 @@ SET_BY_TOKENIZER = {"pad_id", "bos_id", "eos_id", "mask_id"}  # never flags
 NO_DEFAULT = {"vocab_size"}  # the tokenizer decides; the help says how
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 ALIASES = {"--lr": "--learning_rate"}  # names people bring from other tools
+HINT_CUTOFF = 0.7  # how alike a flag must be to be offered for a misspelt one (--foo: not --hf)
 
 
 def parse_bool(text: str) -> bool:
@@ -320,7 +321,8 @@ class Parser(argparse.ArgumentParser):
         notes, unknown = [], []
         for word in (w for w in extra if w.startswith("--")):
             name = word.split("=")[0]
-            spellings = {name, "--" + name[2:].replace("-", "_")}
+            underscored = "--" + name[2:].replace("-", "_")
+            spellings = {name, underscored, ALIASES.get(underscored)}
             owners = [n for n, p in self._subcommands().items()
                       if n != command and spellings & set(p._option_string_actions)]
             if owners:
@@ -370,9 +372,10 @@ class Parser(argparse.ArgumentParser):
     def _hints(self, given: list[str]) -> str:
         """' (did you mean: --n_layr -> --n_layer?)' for the words of an unrecognized-arguments
         message; '' when none is close."""
-        known = [s for a in self._actions for s in a.option_strings] + list(ALIASES)
+        known = [s for a in self._actions for s in a.option_strings]
         for sub in self._subcommands().values():  # flags of the subcommands too
             known += [s for b in sub._actions for s in b.option_strings]
+        known += [alias for alias, flag in ALIASES.items() if flag in known]
         # NAME=VALUE after a flag of another tool's (--set n_embd=256): the field's own flag
         pairs = [w.partition("=") for w in given if "=" in w and not w.startswith("-")]
         settings = [f"--{name} {value}" for name, _, value in pairs if f"--{name}" in known]
@@ -380,6 +383,6 @@ class Parser(argparse.ArgumentParser):
             return f" (did you mean: {', '.join(settings)}?)"
         words = [w for w in given if w.startswith("--")]
         hints = [difflib.get_close_matches("--" + w.split("=")[0][2:].replace("-", "_"), known,
-                                           n=1) for w in words]
+                                           n=1, cutoff=HINT_CUTOFF) for w in words]
         hints = [f"{w} -> {h[0]}" for w, h in zip(words, hints, strict=True) if h]
         return f" (did you mean: {', '.join(hints)}?)" if hints else ""
