@@ -194,6 +194,10 @@ def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, caps
     capsys.readouterr()
     check_user_error(capsys, ["sample", newest, "--prompt", "he", "--which", "last"],
                      "no checkpoints/", "drop --which")
+    for command in (["sample", newest, "--prompt", "he"], ["evaluate", newest]):
+        check_user_error(capsys, [*command, "--which", "best"], "drop --which")
+    assert main(["sample", str(run_dir), "--prompt", "he", "--max-new-tokens", "2",
+                 "--which", "best"]) == 0
 
 
 def test_a_runs_checkpoints_folder_points_at_the_run_and_its_checkpoints(run_dir, capsys):

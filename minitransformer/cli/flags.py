@@ -210,10 +210,10 @@ def add_run_dir(parser: argparse.ArgumentParser, which: bool = True) -> None:
         add_which(parser)
 
 
-def add_which(parser: argparse.ArgumentParser, default: str | None = "best") -> None:
-    """--which; ``default`` None where the command must tell it given (None then means
-    best)."""
-    parser.add_argument("--which", choices=["best", "last"], default=default,
+def add_which(parser: argparse.ArgumentParser) -> None:
+    """--which; None when not given (best, except for a checkpoint folder, where a given
+    --which is refused)."""
+    parser.add_argument("--which", choices=["best", "last"], default=None,
                         help="best: the run folder's best model; last: its newest checkpoint "
                              "(default best)")
 

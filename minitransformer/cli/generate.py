@@ -100,7 +100,7 @@ def add_sample(sub) -> None:
     s.add_argument("--context-keep", "--context_keep", type=nonneg_int, default=None,
                    help="the text's first tokens that never leave the window; see below "
                         "(default: the tokenizer's start tokens, as Llama's <s>, else 0)")
-    add_which(s, default=None)
+    add_which(s)
     s.add_argument("--no-cache", "--no_cache", action="store_true",
                    help="recompute the whole window every token, the same text slower "
                         "(default off: the KV cache)")
@@ -256,7 +256,7 @@ def cmd_sample(args) -> int:
         return _sample_hf(args, device)
     if not args.dir:
         raise UserError("give a run folder to sample from (or --hf PATH)")
-    run = load_run(args.dir, args.which or "best", device)
+    run = load_run(args.dir, args.which, device)
     run.family.require("sample")
     decoding_threads(run.model, device, args.num_samples)
     ids = run.tokenizer.encode_prompt(args.prompt)  # Llama's <s> first, as transformers does

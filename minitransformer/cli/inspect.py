@@ -46,7 +46,7 @@ def _check_out(out: str, suffix: str, force: bool) -> Path:
 
 def cmd_attention(args) -> int:
     out = _check_out(args.out, ".png", args.force)
-    run = load_run(args.dir, args.which or "best", "cpu")
+    run = load_run(args.dir, args.which, "cpu")
     views = run.family.attention_views(run.model, run.tokenizer, args.text, args.target)
     save_attention_png(views, out, args.layer, args.head, title=args.title, lang=args.lang)
     shown = [f"layer {args.layer}" if args.layer is not None else "every layer",
@@ -78,7 +78,7 @@ def cmd_explain(args) -> int:
         raise UserError("give a checkpoint folder (or --worked_example)")
     if args.text is None:
         raise UserError("give the text to walk through with --text")
-    run = load_run(args.dir, args.which or "best", "cpu")
+    run = load_run(args.dir, args.which, "cpu")
     run.family.require("explain")
     source = data_label(run.meta, str(args.dir))
     doc = run.family.explain(run.model, run.tokenizer, args.text, args.layer or 0,
@@ -129,5 +129,5 @@ def add_explain(sub) -> None:
     e.add_argument("--lang", choices=LANGS, default="en",
                    help="the language the page opens in, en or zh (default en); a button on "
                         "the page switches")
-    add_which(e, default=None)
+    add_which(e)
     e.set_defaults(func=cmd_explain)

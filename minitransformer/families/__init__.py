@@ -62,8 +62,9 @@ class Run:
     folder: Path
 
 
-def load_run(path, which: str = "best", device: str | torch.device = "cpu") -> Run:
-    """Load a run folder's best model (``which="best"``) or newest checkpoint ("last")."""
+def load_run(path, which: str | None = None, device: str | torch.device = "cpu") -> Run:
+    """Load a run folder's best model (``which`` "best", or None) or newest checkpoint
+    ("last"); ``which`` given for a checkpoint folder is an error."""
     folder = ckpt.resolve_model_dir(path, which)
     meta = ckpt.read_meta(folder)
     family = family_of(meta)
@@ -74,7 +75,7 @@ def load_run(path, which: str = "best", device: str | torch.device = "cpu") -> R
     return Run(model, tokenizer, meta, family, folder)
 
 
-def load_checkpoint(path, which: str = "best", device: str | torch.device = "cpu"):
+def load_checkpoint(path, which: str | None = None, device: str | torch.device = "cpu"):
     """(model, tokenizer) of a run folder or checkpoint folder."""
     run = load_run(path, which, device)
     return run.model, run.tokenizer

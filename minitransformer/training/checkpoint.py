@@ -285,13 +285,18 @@ def _go_back(folder: Path) -> str:
             if earlier else "")
 
 
-def resolve_model_dir(path, which: str = "best") -> Path:
-    """The folder to load: the run folder itself (best) or its newest checkpoint (last)."""
+def resolve_model_dir(path, which: str | None = None) -> Path:
+    """The folder to load: the run folder itself (best, the default when ``which`` is None)
+    or its newest checkpoint (last). A checkpoint folder is loaded as it is: ``which`` given
+    for one is an error, not ignored."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"no such checkpoint folder: {path}")
     if not path.is_dir():
         raise UserError(f"{path} is a file; give a run folder or a checkpoint folder")
+    if which == "best" and path.parent.name == CHECKPOINTS and (path / MODEL_FILE).exists():
+        raise UserError(f"{path} is one checkpoint of {path.parent.parent}, loaded as it is: "
+                        f"drop --which (the run's best model is {path.parent.parent} itself)")
     if which == "last":
         found = list_checkpoints(path)
         if found:
@@ -299,7 +304,7 @@ def resolve_model_dir(path, which: str = "best") -> Path:
         raise UserError(f"{path} holds no checkpoints/ folder to pick the last one from"
                         + ("; a checkpoint folder is loaded as it is: drop --which"
                            if (path / MODEL_FILE).exists() else ""))
-    elif which != "best":
+    elif which not in (None, "best"):
         raise UserError(f"--which must be best or last, got {which!r}")
     if not (path / CONFIG_FILE).exists() and list_checkpoints(path):
         return list_checkpoints(path)[-1]  # training has not written a best model yet
