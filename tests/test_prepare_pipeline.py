@@ -268,6 +268,23 @@ def test_train_on_prepared_data_refuses_another_vocabulary_size(tmp_path, tiny_c
                  "--vocab_size", str(size), "--max_iters", "1", "--quiet"]) == 0
 
 
+@pytest.mark.parametrize("flag", [["--newline", "keep"], ["--newline", "normalize"],
+                                  ["--text_field", "body"]])
+def test_train_on_prepared_data_refuses_how_to_read_text(tmp_path, tiny_corpus, capsys,
+                                                          flag):
+    """Its text was read when it was prepared (prepare --newline, --text_field): the flags
+    that say how to read text are refused, not ignored."""
+    data = tmp_path / "data"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data)]) == 0
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(run), "--preset", "debug",
+                 *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and " ".join(flag) in err and "prepare" in err, err
+    assert not run.exists()
+
+
 @pytest.mark.parametrize("kind", ["char", "bpe-bytes"])
 def test_prepare_reads_windows_line_ends_as_train_does(tmp_path, monkeypatch, kind):
     """CRLF and lone CR read as LF by prepare, streamed a few bytes at a time (a CRLF cut

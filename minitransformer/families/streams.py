@@ -64,10 +64,14 @@ def with_field(text_field: str) -> dict:
     return {} if text_field == "text" else {"text_field": text_field}
 
 
-def refuse_field_of_prepared(folder: str, text_field: str | None) -> None:
-    if text_field is not None:
-        raise NotApplicable(f"--text_field {text_field}: {folder} is prepared, its text was "
-                            f"read when it was (prepare --text_field); drop the flag")
+def refuse_reading_of_prepared(folder: str, text_field: str | None,
+                               newline: str | None = None) -> None:
+    """How to read text (--text_field, --newline) does not apply to a prepared folder: its
+    text was read when it was prepared."""
+    for flag, value in (("--text_field", text_field), ("--newline", newline)):
+        if value is not None:
+            raise NotApplicable(f"{flag} {value}: {folder} is prepared, its text was read "
+                                f"when it was (prepare {flag}); drop the flag")
 
 
 def refuse_mixed(sources: list[str]) -> None:
@@ -112,7 +116,7 @@ class StreamFamily(Family):
                                 f"text (--model seq2seq translates)")
         sources = as_sources(source)
         if len(sources) == 1 and is_prepared(sources[0]):
-            refuse_field_of_prepared(sources[0], text_field)
+            refuse_reading_of_prepared(sources[0], text_field, newline)
             return self._open_prepared(sources[0], kind)
         refuse_mixed(sources)
         kind = kind or "char"
@@ -130,7 +134,7 @@ class StreamFamily(Family):
         data = meta.get("data", {})
         if len(sources) == 1 and (is_prepared(sources[0]) or (
                 data.get("prepared") and source == data.get("source"))):
-            refuse_field_of_prepared(sources[0], text_field)
+            refuse_reading_of_prepared(sources[0], text_field, newline)
             return self._reopen_prepared(sources[0], tokenizer, data)
         refuse_mixed(sources)
         mode = newline or data.get("newline", "normalize")
