@@ -122,6 +122,19 @@ def test_output_folder_with_another_run_is_refused_unless_resume_or_force(run_di
     assert (copy / "model.safetensors").read_bytes() == before
 
 
+def test_a_run_over_a_comparison_is_refused(run_dir, tmp_path, capsys):
+    """compare's --out holds its results and its runs, one folder each: a run written over it
+    would leave compare refusing its own folder ("holds a training run"), --force or not."""
+    cmp = tmp_path / "cmp"
+    shutil.copytree(run_dir, cmp / "a")
+    (cmp / "results.json").write_text("{}", encoding="utf-8")
+    before = {p: p.read_bytes() for p in cmp.rglob("*") if p.is_file()}
+    for extra in ([], ["--force"]):
+        check_user_error(capsys, ["train", "--data", "shakespeare", "--out", cmp, *TINY,
+                                  *extra], "holds a comparison")
+    assert {p: p.read_bytes() for p in cmp.rglob("*") if p.is_file()} == before
+
+
 def test_a_run_inside_another_run_or_over_its_own_start_is_refused(run_dir, tmp_path, capsys):
     """--out in a run's checkpoints/ would nest a run among its checkpoints; --out equal to
     --init_from would write over the model the run starts from, --force or not."""

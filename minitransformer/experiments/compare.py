@@ -108,7 +108,7 @@ def check_out_dir(out_dir: Path, variants: list[Variant], force: bool) -> None:
         raise UserError(f"{out_dir} holds a training run; give the comparison a folder of its "
                         f"own")
     taken = [v.name for v in variants if ckpt.holds_run(out_dir / v.name)]
-    if (out_dir / "results.json").exists() and not force:
+    if (out_dir / ckpt.COMPARISON_RESULTS).exists() and not force:
         raise UserError(f"{out_dir} already holds a comparison's results; pass --force to "
                         f"replace them or choose another --out")
     if taken and not force:

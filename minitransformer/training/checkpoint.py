@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..data.shards import is_prepared
+from ..data.shards import MANIFEST, is_prepared
 from ..errors import UserError
 from ..io import (
     atomic_write,
@@ -168,6 +168,22 @@ def holds_run(folder) -> bool:
     """Whether ``folder`` holds a training run, or a model ``train --out`` would write over:
     a config.json (a run's or another one) or a checkpoints/ folder."""
     return (Path(folder) / CONFIG_FILE).exists() or (Path(folder) / CHECKPOINTS).exists()
+
+
+COMPARISON_RESULTS = "results.json"  # what marks a folder written by compare
+
+
+def refuse_other_output(out_dir: Path) -> None:
+    """A run's --out must not be what ``prepare`` or ``compare`` wrote: prepared data, or a
+    comparison (its results beside runs of its own)."""
+    if (out_dir / MANIFEST).exists():
+        raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
+                        f"folder of its own (train reads prepared data with --data "
+                        f"{out_dir})")
+    if (out_dir / COMPARISON_RESULTS).exists() and any(
+            holds_run(sub) for sub in out_dir.iterdir() if sub.is_dir()):
+        raise UserError(f"--out {out_dir} holds a comparison (its results and its runs); give "
+                        f"the run a folder of its own")
 
 
 def _is_run_or_checkpoint(folder: Path) -> bool:

@@ -29,7 +29,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..data.shards import MANIFEST
 from ..errors import UserError
 from ..io import check_folder_path, read_safetensors
 from . import checkpoint as ckpt
@@ -76,10 +75,7 @@ class StopFlag:
 def check_out_dir(out_dir: Path, resume: bool, force: bool) -> bool:
     """Refuse a run folder that cannot be used as asked; returns whether it holds a run."""
     check_folder_path(out_dir := Path(out_dir))
-    if (out_dir / MANIFEST).exists():
-        raise UserError(f"--out {out_dir} holds prepared data ({MANIFEST}); give the run a "
-                        f"folder of its own (train reads prepared data with --data "
-                        f"{out_dir})")
+    ckpt.refuse_other_output(out_dir)
     if (inside := ckpt.run_around(out_dir)) is not None:
         raise UserError(f"--out {out_dir} lies inside a run ({inside}); give the new run a "
                         f"folder of its own")
