@@ -316,6 +316,8 @@ BAD = {  # name -> (raw body, status, param)
     "unknown field": (b'{"model": "tiny", "prompt": "a", "foo": 1}', 400, "foo"),
     "too many choices": (json.dumps({"model": "tiny", "prompt": ["a"] * 5, "n": 13}).encode(),
                          400, "n"),
+    "seed + n - 1 past 2**63 - 1": (b'{"model": "tiny", "prompt": "a", "n": 2, '
+                                    b'"seed": 9223372036854775807}', 400, "seed"),
     "unknown stream option": (b'{"model": "tiny", "prompt": "a", "stream": true, '
                               b'"stream_options": {"bar": true}}', 400, "stream_options.bar"),
     "stream_options without stream": (b'{"model": "tiny", "prompt": "a", "stream_options": '

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..config import SEED_LIMIT
 from ..errors import UserError
 from ..models.generation import sample_next
 from ..models.ragged import RaggedBatch
@@ -103,6 +104,9 @@ def plan_completion(req: CompletionRequest, tokenizer, max_tokens_cap: int,
         raise APIError(400, f"{len(prompts)} prompts x n {req.n} = {len(prompts) * req.n} "
                             f"choices; this server writes at most {MAX_CHOICES} a request",
                        "n", "too_many_choices")
+    if req.seed is not None and req.seed + req.n - 1 >= SEED_LIMIT:
+        raise APIError(400, f"choice i draws with seed + i, which must stay under 2**63: with n "
+                            f"{req.n}, give a seed of at most {SEED_LIMIT - req.n}", "seed")
     ids = [_encode(tokenizer, p, None if single else i, max_prompt_tokens)
            if isinstance(p, str) else _token_ids(tokenizer, p, None if single else i,
                                                   max_prompt_tokens)
