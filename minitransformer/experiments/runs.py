@@ -35,6 +35,7 @@ from ..training import checkpoint as ckpt
 from ..training import distributed
 from ..training.health import HealthGuard
 from ..training.lora import attach as attach_lora
+from ..training.lora import settings as lora_settings
 from ..training.run import check_out_dir, learning_rate
 from ..training.trainer import train
 from .autosize import autosize_for_train
@@ -357,6 +358,7 @@ def train_run(req: TrainRequest, echo=print) -> int:
         family, prepared, built, train_cfg, saved = resumed_run(req)
         state = ckpt.read_state(ckpt.list_checkpoints(out)[-1])
         reason = nothing_left(state, train_cfg)
+        lora_settings(req.lora, (saved or {}).get("lora"), resume=True)  # refused either way
         if reason:
             echo(f"nothing to train in {out}: {reason}")
             return 0
