@@ -547,3 +547,20 @@ def test_nothing_to_resume_says_why(tmp_path, capsys):
     (out / "checkpoints" / "step_0000010").mkdir()
     check_user_error(capsys, resume, "holds no complete checkpoint (step_0000010 has no "
                                      "trainer_state.json: a save cut short)")
+
+
+def test_a_full_disk_is_the_machine_not_a_bug(run_dir, monkeypatch, capsys):
+    """Writing to a full disk (`sample ... > /dev/full`) is one line and exit 2, not an
+    internal error."""
+    import errno
+    import io
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("sys.stdout", Full())
+    code = main(["sample", str(run_dir), "--prompt", "he", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "internal error" not in err and "no space left" in err.lower(), err
+    assert len(err.strip().splitlines()) == 1

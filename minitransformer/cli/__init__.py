@@ -7,6 +7,7 @@ the traceback with --debug), 130 interrupted. Nothing in the package imports thi
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -103,6 +104,13 @@ def _run(argv: list[str] | None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return internal_error(e, args)
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"{prog}: error: no space left on the disk{where} ({e.strerror}); free some "
+              f"space or write elsewhere", file=sys.stderr)  # files are written atomically
+        return 2
     except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
         return internal_error(e, args)
 
