@@ -63,6 +63,8 @@ def run(variant: str, out: Path, args) -> dict:
     """One training run of ``variant``: a preset, or ``preset:field=value,...`` (fields
     changed on top of it, as ``gpt2-124m-modern:optimizer=adamw``)."""
     preset, _, changes = variant.partition(":")
+    if any("=" not in c for c in filter(None, changes.split(","))):
+        sys.exit(f"--runs {variant}: write the changes as preset:field=value,field=value")
     fields = [a for c in filter(None, changes.split(",")) for a in ("--" + c.split("=")[0],
                                                                       c.split("=", 1)[1])]
     tokens_per_step = args.batch_size * args.block_size

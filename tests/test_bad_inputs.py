@@ -201,7 +201,8 @@ def test_missing_checkpoint_folder(tmp_path, capsys):
     check_user_error(capsys, ["sample", tmp_path / "a.txt"], "is a file", "run folder")
 
 
-def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, capsys):
+def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, tmp_path,
+                                                                     monkeypatch, capsys):
     newest = sorted((run_dir / "checkpoints").iterdir())[-1]
     assert main(["sample", str(newest), "--prompt", "he", "--max-new-tokens", "2"]) == 0
     capsys.readouterr()
@@ -210,6 +211,13 @@ def test_which_last_on_a_checkpoint_folder_is_an_error_not_ignored(run_dir, caps
     for command in (["sample", newest, "--prompt", "he"], ["evaluate", newest]):
         check_user_error(capsys, [*command, "--which", "best"], "drop --which")
     assert main(["sample", str(run_dir), "--prompt", "he", "--max-new-tokens", "2",
+                 "--which", "best"]) == 0
+    monkeypatch.chdir(newest)  # named as "." the checkpoint is the same folder
+    check_user_error(capsys, ["sample", ".", "--prompt", "he", "--which", "best"],
+                     "drop --which")
+    kept = tmp_path / "checkpoints" / "myrun"  # a run kept in a folder of that name is a run
+    shutil.copytree(run_dir, kept)
+    assert main(["sample", str(kept), "--prompt", "he", "--max-new-tokens", "2",
                  "--which", "best"]) == 0
 
 

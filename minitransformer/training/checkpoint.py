@@ -310,9 +310,10 @@ def resolve_model_dir(path, which: str | None = None) -> Path:
         raise UserError(f"no such checkpoint folder: {path}")
     if not path.is_dir():
         raise UserError(f"{path} is a file; give a run folder or a checkpoint folder")
-    if which == "best" and path.parent.name == CHECKPOINTS and (path / MODEL_FILE).exists():
-        raise UserError(f"{path} is one checkpoint of {path.parent.parent}, loaded as it is: "
-                        f"drop --which (the run's best model is {path.parent.parent} itself)")
+    run = path.resolve().parent.parent  # the run, if path is one of its checkpoints
+    if which == "best" and path.resolve() in [p.resolve() for p in list_checkpoints(run)]:
+        raise UserError(f"{path} is one checkpoint of {run}, loaded as it is: drop --which "
+                        f"(the run's best model is {run} itself)")
     if which == "last":
         found = list_checkpoints(path)
         if found:
