@@ -153,3 +153,28 @@ def test_forward_without_internals_skips_the_attention_weights(monkeypatch):
     out, loss = result
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-4)
+
+
+def test_training_projects_only_the_chosen_positions_onto_the_vocabulary():
+    """The task's loss sends only the chosen positions through the masked-LM head, and its
+    sum and count equal the cross-entropy of the full logits computed by hand."""
+    model = tiny(init="xavier", mlm_head="bert")
+    data = torch.randint(0, 39, (1000,), generator=torch.Generator().manual_seed(4))
+    task = MaskedLMTask(data[:900], data[900:], 16, mask_id=39, vocab_size=40)
+    x, y = task.batch("train", 4, torch.Generator().manual_seed(5))
+    rows = []
+    model.mlm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
+    total, n = task.loss_terms(model, (x, y))
+    chosen = y != mlm.IGNORE
+    assert rows == [(int(chosen.sum()), 16)]  # (N, C): the chosen positions alone
+    assert 0 < int(n) == int(chosen.sum()) < y.numel()
+    with torch.no_grad():
+        full = model(x)[0]  # (B, T, V): every position
+    logp = torch.log_softmax(full[chosen], dim=-1)  # (N, V)
+    want = -logp.gather(1, y[chosen][:, None]).sum()
+    torch.testing.assert_close(total.detach(), want, atol=1e-5, rtol=1e-5)
+    out, loss = model(x, y, targets_only=True)
+    assert out.shape == (int(n), 40)
+    torch.testing.assert_close(loss, model(x, y)[1], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="needs targets"):
+        model(x, targets_only=True)

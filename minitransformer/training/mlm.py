@@ -17,7 +17,7 @@ import torch
 
 from ..data.shards import token_counts
 from ..models.mlm import IGNORE, mask_tokens, masked_accuracy
-from .task import Batch, WindowTask
+from .task import Batch, WindowTask, token_cross_entropy
 
 MASK_SHOWN = "▒"  # how a masked position is printed in samples
 
@@ -40,6 +40,13 @@ class MaskedLMTask(WindowTask):
         ids, _ = self.windows(split, batch_size, generator)  # (B, T)
         return mask_tokens(ids, self.mask_id, self.vocab_size, generator, self.mask_prob)
 
+    def loss_terms(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of the chosen positions' losses, their number): only they go through the
+        masked-LM head (``EncoderModel.forward``'s ``targets_only``)."""
+        x, y = batch
+        logits = model(x, y, targets_only=True)[0]  # (N, V)
+        return token_cross_entropy(logits, y[y != IGNORE])
+
     @torch.no_grad()
     def accuracy(self, model, split: str, batch_size: int, iters: int, device,
                  seed: int = 0) -> tuple[float, float]:
@@ -51,9 +58,10 @@ class MaskedLMTask(WindowTask):
         right = base = total = 0
         for _ in range(iters):
             x, y = self.batch(split, batch_size, gen)
-            logits, _ = model(x.to(device))  # (B, T, V)
-            r, n = masked_accuracy(logits.cpu(), y)
-            right, total = right + r, total + n
+            logits, _ = model(x.to(device), y.to(device), targets_only=True)  # (N, V)
+            chosen = y[y != IGNORE]  # (N,)
+            right, total = right + int((logits.argmax(dim=-1).cpu() == chosen).sum()), \
+                total + chosen.numel()
             base += int((y == self.most_frequent).sum())
         model.train(was_training)
         return right / max(total, 1), base / max(total, 1)
