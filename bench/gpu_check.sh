@@ -8,11 +8,14 @@
 #   shard        FSDP (--shard) through torchrun with nccl, 60 steps, then --resume to 100
 #   modern       gpt2-124m against gpt2-124m-modern, with AdamW and with Muon, at one token
 #                budget: tokens/s, MFU, val loss (bench/gpu_modern.py, about 5 minutes)
+#   mlm          masked-LM steps with every position or the chosen ones through the head, bf16,
+#                eager and compiled (bench/mlm_head.py); then 100 steps of the real CLI,
+#                bert-base compiled (the chosen positions' count changes every step)
 #   OUT=/tmp/gpu bash bench/gpu_check.sh
 #   OUT=/tmp/gpu STEPS="decoding shard" bash bench/gpu_check.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
-STEPS=${STEPS:-correctness decoding throughput torchrun shard modern}
+STEPS=${STEPS:-correctness decoding throughput torchrun shard modern mlm}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
@@ -49,4 +52,14 @@ if want modern; then
   timeout 480 python3 bench/gpu_modern.py --tokens 5000000 --out /tmp/gpu_modern 2>&1 \
     | grep -v Warning | tail -8 | tee "$OUT/modern.txt"
   cp /tmp/gpu_modern/results.json "$OUT/modern.json"
+fi
+if want mlm; then
+  { timeout 120 python3 bench/mlm_head.py --device cuda --dtype bfloat16 --batch 32 \
+      --block-size 512 --steps 10 --rounds 3
+    timeout 240 python3 bench/mlm_head.py --device cuda --dtype bfloat16 --batch 32 \
+      --block-size 512 --steps 10 --rounds 3 --compile
+    timeout 240 python3 -m minitransformer train --model encoder --data shakespeare \
+      --preset bert-base --max_iters 100 --eval_interval 50 --eval_iters 5 --log_interval 10 \
+      --time_budget none --device cuda --dtype bfloat16 --compile on --force --out /tmp/run_mlm
+  } 2>&1 | grep -v Warning | tail -24 | tee "$OUT/mlm.txt"
 fi
