@@ -178,3 +178,11 @@ def test_training_projects_only_the_chosen_positions_onto_the_vocabulary():
     torch.testing.assert_close(loss, model(x, y)[1], atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="needs targets"):
         model(x, targets_only=True)
+    # the accuracy, from the chosen positions' logits, is the full logits' accuracy
+    gen = torch.Generator().manual_seed(0)
+    right = total = 0
+    for _ in range(3):
+        xb, yb = task.batch("val", 4, gen)
+        r, n = mlm.masked_accuracy(model(xb)[0], yb)
+        right, total = right + r, total + n
+    assert task.accuracy(model, "val", 4, 3, "cpu")[0] == right / total
