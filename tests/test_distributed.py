@@ -43,7 +43,10 @@ def run(cmd, **kw):
 
 
 def train_single(out: Path, *extra: str):
-    run([sys.executable, "-m", "minitransformer", "train", *COMMON, "--out", str(out), *extra])
+    """One process: this one (a fresh interpreter would add seconds of imports)."""
+    from minitransformer.cli import main
+
+    assert main(["train", *COMMON, "--out", str(out), *extra]) == 0
 
 
 def train_ddp(out: Path, *extra: str, nproc: int = 2):

@@ -199,20 +199,21 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible, capsys):
     assert r.returncode == 0, r.stderr
     meta = json.loads((run / "config.json").read_text(encoding="utf-8"))
     assert meta["family"] == "seq2seq" and meta["model"]["vocab_size"] == 300
-    r = run_cli("translate", run, "God said.", "--beam", "2", "--max-len", "5")
-    assert r.returncode == 0, r.stderr
-    assert len(r.stdout.splitlines()) == 1
-    r = run_cli("evaluate", run, "--limit", "8", "--max-len", "5", "--examples", "1")
-    assert r.returncode == 0, r.stderr
-    assert "greedy   BLEU" in r.stdout and "beam 4   BLEU" in r.stdout
-    assert f"{corpus}: 8 test pairs" in r.stdout, r.stdout
     # in this process from here (each command in a fresh one costs seconds of imports)
+    capsys.readouterr()
+    assert main(["translate", str(run), "God said.", "--beam", "2", "--max-len", "5"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert main(["evaluate", str(run), "--limit", "8", "--max-len", "5", "--examples",
+                 "1"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy   BLEU" in out and "beam 4   BLEU" in out
+    assert f"{corpus}: 8 test pairs" in out, out
+
     def evaluate(*args) -> str:
         assert main(["evaluate", str(run), *map(str, args), "--max-len", "5", "--beam", "1",
                      "--examples", "0"]) == 0
         return capsys.readouterr().out
 
-    capsys.readouterr()
     # the run's own pairs under another name (a copy, a moved file): still its test split
     copy = tmp_path / "copy.tsv"
     copy.write_bytes(corpus.read_bytes())
@@ -229,7 +230,6 @@ def test_train_translate_evaluate_resume(tmp_path, run_cli, bible, capsys):
                                      encoding="utf-8")
     out = evaluate("--data", tmp_path / "test.en", "--data_tgt", tmp_path / "test.es")
     assert "all 40 pairs en -> es" in out and greedy in out, out
-    r = run_cli("train", "--out", run, "--resume", "--max_iters", "9", "--quiet")
-    assert r.returncode == 0, r.stderr
+    assert main(["train", "--out", str(run), "--resume", "--max_iters", "9", "--quiet"]) == 0
     assert json.loads((run / "checkpoints" / "step_0000009" / "config.json")
                       .read_text(encoding="utf-8"))["step"] == 9
