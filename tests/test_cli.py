@@ -90,14 +90,14 @@ def test_unknown_flag(run_cli, tmp_path):
     _assert_user_error(proc.returncode, proc.stderr, "--n_layers")
 
 
-def test_missing_corpus_file(run_cli, tmp_path):
-    proc = run_cli("train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "x")
-    _assert_user_error(proc.returncode, proc.stderr, "no such file", "nope.txt")
-
-
 def _main(capsys, *argv) -> tuple[int, str]:
     code = cli.main([str(a) for a in argv])
     return code, capsys.readouterr().err
+
+
+def test_missing_corpus_file(tmp_path, capsys):
+    code, err = _main(capsys, "train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "x")
+    _assert_user_error(code, err, "no such file", "nope.txt")
 
 
 def test_empty_corpus(tmp_path, capsys):
