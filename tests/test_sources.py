@@ -276,7 +276,11 @@ def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_p
     assert "logo.png looks like a binary file" in capsys.readouterr().err
     assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
                  "skip"]) == 0
-    assert "1 document(s) of 3 file(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 document(s) of 3 file(s)" in out
+    # the files left out are named, so that a reader can tell a typo from an image
+    assert f"left out 2 file(s) with no utf-8 text (binary, not utf-8, or no record with its " \
+           f"text): {folder / 'img' / 'logo.png'}, {folder / 'img' / 'z.dat'}" in out, out
 
 
 def test_an_empty_last_file_of_a_folder_is_no_val_split(tmp_path, capsys):

@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -97,15 +98,20 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
         workers = 1  # a table lookup costs less than sending the text to another process
     fitting = time.perf_counter() - start
     known = set(fitted.chars) if not fit and fitted.kind == "char" else None
+    left_out: list[Path] = []  # by --errors skip, whole
     with _bar(total, "encode") as bar:
         def texts():
             for path in files:  # one at a time: a character a given alphabet lacks names it
                 decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
+                read_any = False
                 for new_doc, data, size in byte_blocks([path], **read):
                     if known is not None:
                         check_alphabet(data, known, path, decoder)
                     bar.update(size)
+                    read_any = True
                     yield new_doc, data
+                if not read_any:
+                    left_out.append(path)
         manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,
                                 spec)
     encoding_s = time.perf_counter() - start - fitting
@@ -117,9 +123,20 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
          f"{workers} worker(s)); train on it: minitransformer train "
          f"{'' if start_from is None else f'--init_from {shlex.quote(str(start_from))} '}"
          f"--data {shlex.quote(str(out))} --out RUN")
+    if left_out:
+        echo(skipped_note(left_out, encoding))
     if note := split_note(manifest):
         echo(note)
     return manifest
+
+
+def skipped_note(paths: list[Path], encoding: str) -> str:
+    """What --errors skip left out whole: the files (the first three named), not text in
+    ``encoding`` or with no record or row of text."""
+    shown = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more"
+                                                    if len(paths) > 3 else "")
+    return (f"note: --errors skip left out {len(paths)} file(s) with no {encoding} text "
+            f"(binary, not {encoding}, or no record with its text): {shown}")
 
 
 def text_head(files, read: dict, total_bytes: int) -> str:
