@@ -88,10 +88,13 @@ def test_training_on_prepared_shards_equals_training_on_the_file(tmp_path, capsy
 def test_an_encoder_trains_on_shards(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(ENGLISH * 3, encoding="utf-8")
+    capsys.readouterr()
     assert main(["prepare", "--model", "encoder", "--data", str(text), "--out",
                  str(tmp_path / "dd")]) == 0
-    assert main(["train", "--model", "encoder", "--data", str(tmp_path / "dd"), "--out",
-                 str(tmp_path / "run"), *DEBUG]) == 0
+    # the command it suggests trains an encoder (train's default family is GPT)
+    hint = capsys.readouterr().out.split("train on it: ")[1].split()
+    assert hint[:4] == ["minitransformer", "train", "--model", "encoder"], hint
+    assert main([*hint[1:-1], str(tmp_path / "run"), *DEBUG]) == 0
     # scored on the folder's own val split; the text it was prepared from is another text,
     # scored whole (its own 90/10 split would not be the folder's)
     capsys.readouterr()

@@ -66,7 +66,8 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                    text_field: str = "text", val_fraction: float = 0.1, encoding: str = "utf-8",
                    errors: str = "strict", echo=print, workers: int | None = None,
                    bpe_sample: int | None = None, tokenizer=None,
-                   newline: str = "keep", start_from: str | None = None) -> dict:
+                   newline: str = "keep", start_from: str | None = None,
+                   model: str | None = None) -> dict:
     """Fit the tokenizer on the sources (with the family's ``special_tokens``; documents
     apart by ``bpe_separator`` for BPE, a blank line for characters) and write ``out``.
 
@@ -76,7 +77,8 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     with this one (a run's, a pretrained folder's) instead of fitting one; ``newline``:
     "normalize" reads CRLF and CR line ends as "\\n", as ``train --data FILE`` does (the
     ``prepare`` command's default), "keep" leaves them; ``start_from``: the model folder whose
-    tokenizer this is, which the hint at the end trains from (``--init_from``)."""
+    tokenizer this is, which the hint at the end trains from (``--init_from``); ``model``: the
+    family the hint trains (``--model``), where it is not train's default."""
     check_val_fraction(val_fraction)
     files = source_files(sources, echo)
     check_text_field(files, text_field)
@@ -121,6 +123,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
          f"{fitting:.1f} s, "
          f"encoding {encoding_s:.1f} s ({total / 1e6 / max(encoding_s, 1e-9):.1f} MB/s; {route}, "
          f"{workers} worker(s)); train on it: minitransformer train "
+         f"{'' if model is None else f'--model {model} '}"
          f"{'' if start_from is None else f'--init_from {shlex.quote(str(start_from))} '}"
          f"--data {shlex.quote(str(out))} --out RUN")
     if left_out:
