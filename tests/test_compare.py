@@ -227,6 +227,8 @@ def test_loss_at_length_equals_direct_cross_entropy():
     (["tokenizer=char,bpe-chars"], "every variant reads one corpus, prepared once"),
     (["lr=0.01,0.001", "--lr_schedule=noam"], "--learning_rate would change nothing"),
     (["lr_schedule=cosine,noam", "--min_lr=0"], "--min_lr would change nothing"),
+    # before the first variant is trained
+    (["mlm_head=bert,none", "--model=encoder"], "masked-LM training needs an output head"),
 ])
 def test_bad_vary_is_a_user_error(tmp_path, capsys, vary, message):
     args = ["compare", "--out", str(tmp_path / "c"), "--max-iters", "1"]

@@ -34,6 +34,9 @@ MASK_TOKENS = ("<mask>", "[MASK]")  # ours, BERT's
 MASK = "[MASK]"  # how a text to fill marks its slots, whatever the tokenizer calls the id
 
 
+NO_HEAD = "masked-LM training needs an output head: --mlm_head bert or linear"
+
+
 class EncoderFamily(StreamFamily):
     name = "encoder"
     presets = PRESETS
@@ -61,11 +64,17 @@ class EncoderFamily(StreamFamily):
             raise NotApplicable("the BPE tokenizer has no <mask> (or BERT's [MASK]) token")
         return {"mask_id": mask, "vocab_size": tokenizer.vocab_size}
 
+    def check_fields(self, fields: dict) -> None:
+        """As every family's, and a model without an output head refused (compare's variants
+        before the first is trained)."""
+        super().check_fields(fields)
+        if fields.get("mlm_head") == "none":
+            raise NotApplicable(NO_HEAD)
+
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         cfg = config_from_dict(EncoderConfig, {**fields, **prepared.extra})
         if cfg.mlm_head == "none":
-            raise NotApplicable("masked-LM training needs an output head: --mlm_head bert or "
-                                "linear")
+            raise NotApplicable(NO_HEAD)
         self.check_length(prepared, cfg.block_size)
         return Built(cfg, EncoderModel(cfg), self.make_task(prepared, cfg),
                      run_meta(self.name, cfg, prepared.data_meta), cfg.n_layer)
