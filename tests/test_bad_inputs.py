@@ -244,6 +244,26 @@ def test_a_damaged_newest_checkpoint_names_the_one_to_go_back_to(run_dir, tmp_pa
     assert main([str(a) for a in resume]) == 0
 
 
+@pytest.mark.parametrize("change", ["optimizer", "rng", "step", "groups"])
+def test_a_training_state_that_reads_but_lacks_its_parts_is_a_damaged_checkpoint(
+        run_dir, tmp_path, capsys, change):
+    """Valid JSON without a key the resume reads, or an optimizer state without its parts,
+    was an internal KeyError; it is a damaged checkpoint, named with the one to go back to."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    *older, newest = sorted((copy / "checkpoints").iterdir())
+    path = newest / "trainer_state.json"
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if change == "groups":
+        state["optimizer"] = {"kind": "adamw"}  # its parameter groups gone
+    else:
+        del state[change]
+    path.write_text(json.dumps(state), encoding="utf-8")
+    check_user_error(capsys, ["train", "--out", copy, "--resume", "--max_iters", "6",
+                              "--quiet", "--time_budget", "none"],
+                     str(newest), "damaged", f"remove that folder to go back to {older[-1].name}")
+
+
 def test_resume_and_force_together_are_refused(run_dir, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)

@@ -250,13 +250,28 @@ def why_no_checkpoint(out_dir: Path) -> str:
             f"{'has' if len(started) == 1 else 'have'} no {STATE_JSON}: a save cut short)")
 
 
+# What every trainer_state.json holds (``save_checkpoint``), which a resume reads
+STATE_KEYS = ("step", "train_seconds", "val_loss", "best_val_loss", "rng", "optimizer")
+
+
 def read_state(folder: Path) -> dict:
     """trainer_state.json of a checkpoint folder (step, train_seconds, ...); damaged, the
     error says how to go back to the checkpoint before it."""
     try:
-        return read_json_object(Path(folder) / STATE_JSON)
+        state = read_json_object(Path(folder) / STATE_JSON)
     except UserError as e:
         raise UserError(f"{e}{_go_back(Path(folder))}") from None
+    _check_state(state, Path(folder))
+    return state
+
+
+def _check_state(state, folder: Path) -> None:
+    """A UserError for a trainer_state.json that is not an object or lacks a key."""
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else None
+    if missing is None or missing:
+        what = "is not a JSON object" if missing is None else f"lacks {', '.join(missing)}"
+        raise UserError(f"{folder / STATE_JSON} {what}: the checkpoint is damaged"
+                        f"{_go_back(folder)}")
 
 
 def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
@@ -278,7 +293,12 @@ def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read the training state in {folder}: {reason}"
                         f"{_go_back(folder)}") from None
-    optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
+    _check_state(state, folder)
+    try:
+        optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise UserError(f"cannot read the optimizer's state in {folder} ({type(e).__name__}: "
+                        f"{e}): the checkpoint is damaged{_go_back(folder)}") from None
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     return state, optimizer_state, rng
 
