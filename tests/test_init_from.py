@@ -346,7 +346,7 @@ def test_llama_and_qwen3_runs_start_at_transformers_loss(kind, corpus, tmp_path,
                  "2", "--log_interval", "1", "--eval_interval", "2", "--batch_size", "8",
                  *QUICK]) == 0
     said = capsys.readouterr()
-    assert ("384 embedding rows for its tokenizer's 320 ids; the 64 past them" in
+    assert ("384 embedding rows for its 320 ids; the 64 past them" in
             said.out + said.err) == (kind == "qwen3")
     ref = transformers_first_loss(hf, folder, corpus, out)
     first = float(next(r["train_loss"] for r in read_log(out) if r["train_loss"]))
@@ -397,3 +397,18 @@ def test_prepare_with_the_tokenizer_of_a_folder_to_fine_tune_from(gpt2, corpus, 
     assert main(["prepare", "--data", str(mixed), "--out", str(tmp_path / "m"),
                  "--tokenizer_from", str(folder)]) == 2
     assert "z.dat looks like a binary file" in capsys.readouterr().err
+
+
+def test_a_char_encoder_run_is_a_source_without_a_note_of_padding(corpus, tmp_path, capsys):
+    """A char encoder's [MASK] row is the family's own id past the characters, not padding:
+    fine-tuning from such a run says nothing of spare rows (it called [MASK] padding)."""
+    src = tmp_path / "src"
+    tiny = ["--preset", "debug", "--max_iters", "1", "--eval_interval", "1", *QUICK]
+    assert main(["train", "--model", "encoder", "--data", str(corpus), "--out", str(src),
+                 *tiny]) == 0
+    capsys.readouterr()
+    assert main(["train", "--init_from", str(src), "--data", str(corpus), "--out",
+                 str(tmp_path / "ft"), *tiny]) == 0
+    said = capsys.readouterr()
+    assert "embedding rows" not in said.out + said.err
+    assert load_run(tmp_path / "ft").model.config.mask_id == load_run(src).model.config.mask_id

@@ -244,10 +244,11 @@ class Family:
             raise UserError(f"{source.path}: its tokenizer has {prepared.tokenizer.vocab_size:,} "
                             f"ids but its model {source.config.vocab_size:,} rows of embedding")
         notes = self.load_source(built.model, source)
-        ids = prepared.tokenizer.vocab_size
+        # the tokenizer's ids, and the family's own past them (a char encoder's [MASK])
+        ids = prepared.extra.get("vocab_size", prepared.tokenizer.vocab_size)
         if built.config.vocab_size > ids:  # keep_rows: said, as a mismatched tokenizer looks
             notes.append(f"note: {source.path} has {built.config.vocab_size:,} embedding rows "
-                         f"for its tokenizer's {ids:,} ids; the {built.config.vocab_size - ids:,}"
+                         f"for its {ids:,} ids; the {built.config.vocab_size - ids:,}"
                          f" past them (padding, as in Qwen's models) are kept")
         built.meta["init_from"] = source.origin
         return built, notes
