@@ -592,3 +592,11 @@ def test_a_full_disk_is_the_machine_not_a_bug(run_dir, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "internal error" not in err and "no space left" in err.lower(), err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_windows_line_end_in_a_prompt_says_what_it_is(run_dir, capsys):
+    """A prompt pasted with CRLF line ends: the '\\r' a character model never saw is named as
+    half of a Windows line end, with the way out."""
+    check_user_error(capsys, ["sample", run_dir, "--prompt", "he\r\nhe", "--max-new-tokens",
+                              "2"], "'\\r'", "half of a Windows line end",
+                     "end lines with \\n alone")

@@ -39,9 +39,11 @@ class CharTokenizer:
         if missing:
             shown = ", ".join(repr(ch) for ch in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            crlf = "; '\\r' is half of a Windows line end: end lines with \\n alone, as the " \
+                "training text was read" if "\r" in missing else ""
             raise UnknownCharactersError(
                 f"the text has {len(missing)} character(s) this model never saw in training: "
-                f"{shown}{more}")
+                f"{shown}{more}{crlf}")
         return [self.stoi[ch] for ch in text]
 
     def encode_prompt(self, text: str) -> list[int]:
