@@ -269,3 +269,19 @@ def test_several_sources_to_evaluate_are_refused_where_they_cannot_be_read(runs,
     assert main(["evaluate", str(out["gpt"]), "--data", str(tmp_path / "d"),
                  data["gpt"]]) == 2
     _user_error(capsys, "is a prepared folder: it is read alone")
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_answers_each_command_of_the_protocol(name):
+    """The Family protocol's per-command methods exist on every family: a family without the
+    command refuses it (NotApplicable, a user error) rather than lacking the method."""
+    from minitransformer.families import NotApplicable
+
+    family = FAMILIES[name]
+    calls = {"fill": lambda: family.fill(None, None, ["a [MASK]"], 1),
+             "translate": lambda: family.translate(None, None, ["a"], {}, "cpu"),
+             "explain": lambda: family.explain(None, None, "a", 0, 0, 1, "a")}
+    for command, call in calls.items():
+        if command not in family.commands:
+            with pytest.raises(NotApplicable, match=f"{command} does not apply"):
+                call()

@@ -209,6 +209,11 @@ class Family:
         self.require("explain")
         raise NotImplementedError
 
+    def fill(self, model, tokenizer, texts: list[str], top: int) -> list[str]:
+        """``fill``'s lines: each [MASK] slot's likeliest tokens (a masked-LM family's)."""
+        self.require("fill")
+        raise NotImplementedError
+
     def loss_at_length(self, model, prepared: Prepared, length: int, device,
                        n_tokens: int = 16384, seed: int = 0) -> float:
         raise CannotEvaluate("not defined for this model family")
