@@ -105,14 +105,14 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
         def texts():
             for path in files:  # one at a time: a character a given alphabet lacks names it
                 decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
-                read_any = False
+                documents = False  # whether the file began one (an empty one counts)
                 for new_doc, data, size in byte_blocks([path], **read):
                     if known is not None:
                         check_alphabet(data, known, path, decoder)
                     bar.update(size)
-                    read_any = True
+                    documents |= new_doc
                     yield new_doc, data
-                if not read_any:
+                if not documents:
                     left_out.append(path)
         manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,
                                 spec)

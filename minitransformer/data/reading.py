@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import UserError
-from .sources import has_records, read_documents
+from .sources import decodes, has_records, read_documents
 from .text import (
     looks_binary,
     normalize_newlines,
@@ -75,18 +75,6 @@ def _raw_blocks(path: Path) -> Iterator[bytes]:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _decodes(path: Path, encoding: str) -> bool:
-    """Whether the whole of ``path`` decodes (``--errors skip`` leaves it out otherwise)."""
-    decoder = _decoder(encoding, "strict")
-    try:
-        for raw in _raw_blocks(path):
-            decoder.decode(raw)
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _binary(path: Path, encoding: str) -> bool:
     """Whether ``path`` ``looks_binary`` (never for UTF-16 or UTF-32 text, which holds NULs)."""
     if wide_encoding(encoding):
@@ -107,7 +95,7 @@ def fold_line_ends(chunk, held, final: bool, cr, lf):
 def _text_blocks(path: Path, encoding: str, errors: str,
                  newline: str = "keep") -> Iterator[tuple[bool, str, int]]:
     refuse_compressed(path)
-    if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
+    if errors == "skip" and (not decodes(path, encoding) or _binary(path, encoding)):
         return
     decoder, offset, first, held = _decoder(encoding, errors), 0, True, ""
     wide = wide_encoding(encoding)
@@ -142,7 +130,7 @@ def byte_blocks(files: list[Path], text_field: str = "text", encoding: str = "ut
     raw_ok = errors in ("strict", "skip") and _codec(encoding) == "utf-8"
     for path in files:
         if raw_ok and is_text_file(path):
-            if errors == "skip" and (not _decodes(path, encoding) or _binary(path, encoding)):
+            if errors == "skip" and (not decodes(path, encoding) or _binary(path, encoding)):
                 continue
             first, held = True, b""
             for raw in _with_end(_raw_blocks(path)):

@@ -14,6 +14,7 @@ source file a fingerprint (absolute path, size, SHA-256) to notice a moved or ch
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -250,22 +251,50 @@ def read_documents(files: list[Path], text_field: str = "text", encoding: str = 
         yield Document(text.removeprefix("\ufeff"), str(path))
 
 
+def decodes(path: Path, encoding: str) -> bool:
+    """Whether the whole of ``path`` decodes (``--errors skip`` leaves it out otherwise)."""
+    try:
+        decoder = codecs.getincrementaldecoder(encoding)("strict")
+    except LookupError:
+        raise UserError(f"unknown encoding {encoding!r}") from None
+    try:
+        with open(path, "rb") as f:
+            while raw := f.read(1 << 20):
+                decoder.decode(raw)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return True
+
+
 def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Document]:
+    if errors == "skip" and not decodes(path, encoding):
+        return  # left out whole, as a text file that does not decode
     try:
         f = open(path, encoding=encoding, errors="replace" if errors == "replace" else "strict")
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     with f:
-        for lineno, line in enumerate(f, 1):
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")  # a byte order mark, as for .txt files
-            if not line.strip():
-                continue
-            try:
-                yield Document(_record_text(line, field), f"{path}:{lineno}")
-            except UserError as e:
-                if errors != "skip":  # skip: a record without its text is left out
-                    raise UserError(f"{path}:{lineno}: {e}") from None
+        try:
+            yield from _jsonl_records(f, path, field, errors)
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not valid {encoding}; pass --encoding, or --errors "
+                            f"replace|skip") from None
+
+
+def _jsonl_records(f, path: Path, field: str, errors: str) -> Iterator[Document]:
+    for lineno, line in enumerate(f, 1):
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")  # a byte order mark, as for .txt files
+        if not line.strip():
+            continue
+        try:
+            yield Document(_record_text(line, field), f"{path}:{lineno}")
+        except UserError as e:
+            if errors != "skip":  # skip: a record without its text is left out
+                raise UserError(f"{path}:{lineno}: {e}") from None
 
 
 def _record_text(line: str, field: str) -> str:
