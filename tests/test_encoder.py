@@ -186,3 +186,14 @@ def test_training_projects_only_the_chosen_positions_onto_the_vocabulary():
         r, n = mlm.masked_accuracy(model(xb)[0], yb)
         right, total = right + r, total + n
     assert task.accuracy(model, "val", 4, 3, "cpu")[0] == right / total
+
+
+def test_evaluate_refuses_an_encoder_without_a_head():
+    """Scoring masked tokens needs the head: a headless encoder (an embedding model) is
+    refused, as fill refuses it (it was an internal error, and before that hidden states
+    scored as if they were logits)."""
+    from minitransformer.families import FAMILIES, NotApplicable
+
+    model = tiny(mlm_head="none")
+    with pytest.raises(NotApplicable, match="no masked-LM head.*evaluate scores"):
+        FAMILIES["encoder"].evaluate(model, None, {}, {}, "cpu")

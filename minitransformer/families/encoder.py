@@ -35,6 +35,7 @@ MASK = "[MASK]"  # how a text to fill marks its slots, whatever the tokenizer ca
 
 
 NO_HEAD = "masked-LM training needs an output head: --mlm_head bert or linear"
+NO_HEAD_NOW = "this encoder has no masked-LM head (mlm_head none)"
 
 
 class EncoderFamily(StreamFamily):
@@ -124,6 +125,8 @@ class EncoderFamily(StreamFamily):
                 f"evaluate it: minitransformer evaluate {run_dir}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
+        if not fills_masks(model):
+            raise NotApplicable(f"{NO_HEAD_NOW}: evaluate scores masked-token predictions")
         loss, task, batch, iters, where = self.val_loss(model, tokenizer, meta, options)
         acc, base = task.accuracy(model, "val", batch, iters, device, options.get("seed") or 0)
         return [f"masked-LM val loss        {loss:.4f} nats/token",
@@ -143,8 +146,8 @@ class EncoderFamily(StreamFamily):
         """``fill``'s lines: each text, each [MASK] slot's ``top`` likeliest tokens with their
         probabilities, then the text with every slot given its likeliest token."""
         if not fills_masks(model):
-            raise NotApplicable("this encoder has no masked-LM head (mlm_head none): it "
-                                "embeds sentences rather than filling masks")
+            raise NotApplicable(f"{NO_HEAD_NOW}: it embeds sentences rather than filling "
+                                f"masks")
         for n, text in enumerate(texts, 1):  # every text checked before any is filled
             try:
                 _slots(tokenizer, text, model.config.mask_id, model.config.block_size)
