@@ -244,7 +244,8 @@ def test_a_damaged_newest_checkpoint_names_the_one_to_go_back_to(run_dir, tmp_pa
     assert main([str(a) for a in resume]) == 0
 
 
-@pytest.mark.parametrize("change", ["optimizer", "rng", "step", "groups"])
+@pytest.mark.parametrize("change", ["optimizer", "rng", "step", "groups", "no groups",
+                                    "a word for groups", "a number for a group"])
 def test_a_training_state_that_reads_but_lacks_its_parts_is_a_damaged_checkpoint(
         run_dir, tmp_path, capsys, change):
     """Valid JSON without a key the resume reads, or an optimizer state without its parts,
@@ -256,6 +257,12 @@ def test_a_training_state_that_reads_but_lacks_its_parts_is_a_damaged_checkpoint
     state = json.loads(path.read_text(encoding="utf-8"))
     if change == "groups":
         state["optimizer"] = {"kind": "adamw"}  # its parameter groups gone
+    elif change == "no groups":
+        state["optimizer"]["param_groups"] = []
+    elif change == "a word for groups":
+        state["optimizer"]["param_groups"] = "x"
+    elif change == "a number for a group":
+        state["optimizer"]["param_groups"] = [1]
     else:
         del state[change]
     path.write_text(json.dumps(state), encoding="utf-8")

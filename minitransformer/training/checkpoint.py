@@ -277,8 +277,13 @@ def _check_state(state, folder: Path) -> None:
 def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
     """Restore the optimizer in place; return (json state, rng tensors)."""
     state, optimizer_state, rng = read_training_state(folder)
-    check_optimizer_kind(folder, optimizer_state, optimizer)
-    optimizer.load_state_dict(optimizer_state)
+    try:
+        check_optimizer_kind(folder, optimizer_state, optimizer)
+        optimizer.load_state_dict(optimizer_state)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise UserError(f"cannot load the optimizer's state in {folder} ({type(e).__name__}: "
+                        f"{str(e)[:200]}): the checkpoint is damaged{_go_back(Path(folder))}") \
+            from None
     return state, rng
 
 
