@@ -107,7 +107,7 @@ def cmd_prepare(args) -> int:
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
                        bpe_sample=None if args.bpe_sample is None else args.bpe_sample * 10**6,
                        tokenizer=tokenizer, newline=args.newline, start_from=args.tokenizer_from,
-                       # the hint's train command: a family not train's default is named, where
+                       # the hint's train command names the family --model named, where
                        # --init_from does not name it already
                        model=args.model if args.tokenizer_from is None else None)
     return 0

@@ -5,8 +5,8 @@
     choose_family  --model, or what the data implies (sentence pairs: seq2seq)
     load_run       a run or checkpoint folder -> Run(model, tokenizer, meta, family)
 
-Adding a family: one module beside these with a ``FAMILY`` object (``base.Family``), and one
-line in ``FAMILIES``.
+Adding a family: one module beside these with a ``FAMILY`` object (``base.Family``), imported
+here and added to the tuple ``FAMILIES`` is built from.
 """
 
 from __future__ import annotations
