@@ -24,9 +24,10 @@ MASK_SHOWN = "▒"  # how a masked position is printed in samples
 
 def head_sees_chosen_only(x: torch.Tensor) -> bool:
     """Whether only the chosen positions go through the masked-LM head: on a CPU, where it
-    makes a step of all-MiniLM-L6-v2's sizes 1.8x faster, compiled or not. On a GPU the boolean selection
-    waits for the device and splits a compiled graph, and the saving is gone: an H200 took
-    22 against 23 ms a step eagerly, 18 against 16 ms compiled (docs/BENCHMARKS.md)."""
+    makes a step of all-MiniLM-L6-v2's sizes 1.8x faster, compiled or not. On a GPU the
+    boolean selection waits for the device and splits a compiled graph, and the saving is
+    gone: an H200 took 22 against 23 ms a step eagerly, 18 against 16 ms compiled
+    (docs/BENCHMARKS.md)."""
     return x.device.type == "cpu"
 
 
