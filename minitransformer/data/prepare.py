@@ -78,7 +78,7 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
     "normalize" reads CRLF and CR line ends as "\\n", as ``train --data FILE`` does (the
     ``prepare`` command's default), "keep" leaves them; ``start_from``: the model folder whose
     tokenizer this is, which the hint at the end trains from (``--init_from``); ``model``: the
-    family the hint trains (``--model``), where it is not train's default."""
+    family the hint names (``--model``; None: train's default)."""
     check_val_fraction(val_fraction)
     files = source_files(sources, echo)
     check_text_field(files, text_field)
