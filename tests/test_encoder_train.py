@@ -210,3 +210,20 @@ def test_fill_names_the_pieces_a_wordpiece_vocabulary_lacks(capsys):
     assert "read as <unk>" in err and "MASK" not in err
     FAMILY.fill(EncoderModel(cfg).eval(), BPETokenizer(wp), ["to [MASK] be"], 1)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["fill", "To be, or not to b[MASK]."]])
+def test_a_config_without_its_mask_id_is_a_damaged_folder(run, tmp_path, capsys, command):
+    """config.json without model.mask_id (a head with no [MASK] id to fill) was an internal
+    TypeError in evaluate, and fill called the model headless; both name the damage."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    meta = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    del meta["model"]["mask_id"]
+    (copy / "config.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert main([command[0], str(copy), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "model.mask_id is missing" in err and "damaged" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

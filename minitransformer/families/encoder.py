@@ -72,6 +72,15 @@ class EncoderFamily(StreamFamily):
         if fields.get("mlm_head") == "none":
             raise NotApplicable(NO_HEAD)
 
+    def build_model(self, meta: dict):
+        """As every family's; a masked-LM head without the [MASK] id it fills is a damaged
+        config.json (every run written with a head has the id)."""
+        model = super().build_model(meta)
+        if model.config.mlm_head != "none" and model.config.mask_id is None:
+            raise UserError("config.json: model.mask_id is missing, which a masked-LM model "
+                            "needs (the id of its [MASK] token): the folder is damaged")
+        return model
+
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         cfg = config_from_dict(EncoderConfig, {**fields, **prepared.extra})
         if cfg.mlm_head == "none":
