@@ -197,3 +197,20 @@ def test_evaluate_refuses_an_encoder_without_a_head():
     model = tiny(mlm_head="none")
     with pytest.raises(NotApplicable, match="no masked-LM head.*evaluate scores"):
         FAMILIES["encoder"].evaluate(model, None, {}, {}, "cpu")
+
+
+def test_the_sample_line_is_a_quick_look_apart_from_the_final_accuracy():
+    """The sample's accuracy is over its own 64 windows (16 x 4, seeded), not the final
+    line's batch_size x eval_iters: it says so, so that two figures for one model do not
+    read as the same measurement."""
+    from minitransformer.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.fit("abcdefghij klmnopqrstuvwxyz.\n" * 3)
+    data = torch.randint(0, tok.vocab_size, (1000,), generator=torch.Generator().manual_seed(6))
+    model = tiny(vocab_size=tok.vocab_size + 1, mask_id=tok.vocab_size)
+    task = MaskedLMTask(data[:900], data[900:], 16, mask_id=tok.vocab_size,
+                        vocab_size=tok.vocab_size + 1)
+    text = task.sample(model, tok, 16, "cpu")
+    acc, base = task.accuracy(model, "val", 16, 4, "cpu")
+    assert (f"a quick look at 64 val windows: masked-token accuracy {acc:.1%}, "
+            f"most-frequent-token baseline {base:.1%}") in text, text

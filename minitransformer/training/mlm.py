@@ -111,5 +111,5 @@ class MaskedLMTask(WindowTask):
         acc, base = self.accuracy(model, "val", 16, 4, device)  # a quick look: 64 windows
         return (f"{self.show(tokenizer, inputs[0].tolist(), chosen[0].tolist())}\n"
                 f"-> {self.show(tokenizer, filled, [i == self.mask_id for i in filled])}\n"
-                f"({right}/{total} filled right; val masked-token accuracy {acc:.1%} on 64 "
-                f"windows, most-frequent-token baseline {base:.1%})")
+                f"({right}/{total} filled right; a quick look at 64 val windows: masked-token "
+                f"accuracy {acc:.1%}, most-frequent-token baseline {base:.1%})")
