@@ -325,3 +325,20 @@ def test_two_data_parallel_processes_train_the_adapters_as_one_does(lora_run, tm
     assert len(one) == 6 and one == pytest.approx(two, abs=1.5e-5)
     a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_a_layer_named_by_its_index_is_listed_with_its_container():
+    """BERT's head holds its dense layer as mlm_head.transform.0: the names listed for a
+    target that matches nothing gave "0" (which names every first layer of a list); they give
+    "transform.0", itself a target that finds that layer alone."""
+    from minitransformer.training.lora import find_targets
+
+    torch.manual_seed(0)
+    model = EncoderModel(EncoderConfig(vocab_size=30, block_size=8, n_layer=1, n_head=2,
+                                       n_embd=16, mask_id=29, mlm_head="bert"))
+    with pytest.raises(UserError) as e:
+        find_targets(model, LoraConfig(lora_rank=2, lora_targets="nope"))
+    names = str(e.value).split("named ")[1].split(", ")
+    assert "transform.0" in names and "0" not in names, names
+    assert list(find_targets(model, LoraConfig(lora_rank=2, lora_targets="transform.0"))) == \
+        ["mlm_head.transform.0"]

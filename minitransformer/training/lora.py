@@ -132,12 +132,18 @@ def matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
+def short_name(path: str) -> str:
+    """The shortest target that names a layer: its own name, with its container's where the
+    name is an index (BERT's head ``mlm_head.transform.0``: ``transform.0``, not ``0``)."""
+    parts = path.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
 def find_targets(model: nn.Module, cfg: LoraConfig) -> dict[str, nn.Linear]:
     """The modules the targets name (path -> layer); a name that matches nothing, a module
     that is not a linear layer, or one whose weight is shared (tied) is a UserError."""
     modules = dict(model.named_modules())
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items()
-                     if isinstance(m, nn.Linear)})
+    linear = sorted({short_name(n) for n, m in modules.items() if isinstance(m, nn.Linear)})
     uses = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
