@@ -195,7 +195,7 @@ def test_evaluate_refuses_an_encoder_without_a_head():
     from minitransformer.families import FAMILIES, NotApplicable
 
     model = tiny(mlm_head="none")
-    with pytest.raises(NotApplicable, match="no masked-LM head.*evaluate scores"):
+    with pytest.raises(NotApplicable, match="no masked-LM head.*, and evaluate scores"):
         FAMILIES["encoder"].evaluate(model, None, {}, {}, "cpu")
 
 

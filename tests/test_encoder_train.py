@@ -213,9 +213,10 @@ def test_fill_names_the_pieces_a_wordpiece_vocabulary_lacks(capsys):
 
 
 @pytest.mark.parametrize("command", [["evaluate"], ["fill", "To be, or not to b[MASK]."]])
-def test_a_config_without_its_mask_id_is_a_damaged_folder(run, tmp_path, capsys, command):
+def test_a_config_without_its_mask_id_says_so(run, tmp_path, capsys, command):
     """config.json without model.mask_id (a head with no [MASK] id to fill) was an internal
-    TypeError in evaluate, and fill called the model headless; both name the damage."""
+    TypeError in evaluate, and fill called the model headless; both name what is missing
+    (attention, which needs no [MASK], still draws such a model)."""
     import shutil
 
     copy = tmp_path / "run"
@@ -225,5 +226,5 @@ def test_a_config_without_its_mask_id_is_a_damaged_folder(run, tmp_path, capsys,
     (copy / "config.json").write_text(json.dumps(meta), encoding="utf-8")
     assert main([command[0], str(copy), *command[1:]]) == 2
     err = capsys.readouterr().err
-    assert "model.mask_id is missing" in err and "damaged" in err, err
+    assert "has no [MASK] id (config.json's model.mask_id)" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -72,15 +72,6 @@ class EncoderFamily(StreamFamily):
         if fields.get("mlm_head") == "none":
             raise NotApplicable(NO_HEAD)
 
-    def build_model(self, meta: dict):
-        """As every family's; a masked-LM head without the [MASK] id it fills is a damaged
-        config.json (every run written with a head has the id)."""
-        model = super().build_model(meta)
-        if model.config.mlm_head != "none" and model.config.mask_id is None:
-            raise UserError("config.json: model.mask_id is missing, which a masked-LM model "
-                            "needs (the id of its [MASK] token): the folder is damaged")
-        return model
-
     def build(self, prepared: Prepared, fields: dict, seed: int = 0) -> Built:
         cfg = config_from_dict(EncoderConfig, {**fields, **prepared.extra})
         if cfg.mlm_head == "none":
@@ -134,8 +125,8 @@ class EncoderFamily(StreamFamily):
                 f"evaluate it: minitransformer evaluate {run_dir}"]
 
     def evaluate(self, model, tokenizer, meta: dict, options: dict, device) -> list[str]:
-        if not fills_masks(model):
-            raise NotApplicable(f"{NO_HEAD_NOW}: evaluate scores masked-token predictions")
+        if why := cannot_fill(model):
+            raise NotApplicable(f"{why}, and evaluate scores masked-token predictions")
         loss, task, batch, iters, where = self.val_loss(model, tokenizer, meta, options)
         acc, base = task.accuracy(model, "val", batch, iters, device, options.get("seed") or 0)
         return [f"masked-LM val loss        {loss:.4f} nats/token",
@@ -154,9 +145,8 @@ class EncoderFamily(StreamFamily):
     def fill(self, model, tokenizer, texts: list[str], top: int) -> list[str]:
         """``fill``'s lines: each text, each [MASK] slot's ``top`` likeliest tokens with their
         probabilities, then the text with every slot given its likeliest token."""
-        if not fills_masks(model):
-            raise NotApplicable(f"{NO_HEAD_NOW}: it embeds sentences rather than filling "
-                                f"masks")
+        if why := cannot_fill(model):
+            raise NotApplicable(why)
         for n, text in enumerate(texts, 1):  # every text checked before any is filled
             try:
                 _slots(tokenizer, text, model.config.mask_id, model.config.block_size)
@@ -187,8 +177,18 @@ class FillError(UserError):
 
 def fills_masks(model) -> bool:
     """A masked-LM encoder: a [MASK] id and an output head over the vocabulary."""
+    return cannot_fill(model) is None
+
+
+def cannot_fill(model) -> str | None:
+    """Why ``model`` cannot fill masks (no head, or no [MASK] id), or None."""
     cfg = model.config
-    return getattr(cfg, "mask_id", None) is not None and getattr(cfg, "mlm_head", "none") != "none"
+    if getattr(cfg, "mlm_head", "none") == "none":
+        return f"{NO_HEAD_NOW}: it embeds sentences rather than filling masks"
+    if getattr(cfg, "mask_id", None) is None:
+        return ("this encoder has no [MASK] id (config.json's model.mask_id), so no slot to "
+                "fill")
+    return None
 
 
 # a slot as a text may write it: ours, lower case, or the <mask> of BPE runs and RoBERTa
