@@ -35,7 +35,6 @@ MASK = "[MASK]"  # how a text to fill marks its slots, whatever the tokenizer ca
 
 
 NO_HEAD = "masked-LM training needs an output head: --mlm_head bert or linear"
-NO_HEAD_NOW = "this encoder has no masked-LM head (mlm_head none)"
 
 
 class EncoderFamily(StreamFamily):
@@ -184,7 +183,8 @@ def cannot_fill(model) -> str | None:
     """Why ``model`` cannot fill masks (no head, or no [MASK] id), or None."""
     cfg = model.config
     if getattr(cfg, "mlm_head", "none") == "none":
-        return f"{NO_HEAD_NOW}: it embeds sentences rather than filling masks"
+        return ("this encoder has no masked-LM head (mlm_head none): it embeds sentences "
+                "rather than filling masks")
     if getattr(cfg, "mask_id", None) is None:
         return ("this encoder has no [MASK] id (config.json's model.mask_id), so no slot to "
                 "fill")
