@@ -232,3 +232,24 @@ def test_without_max_len_each_sentence_has_its_own_limit(beam):
     assert together == alone
     if beam == 1:  # the short one stops at its own limit, 1.5 x 3 + 10, not the long one's 32
         assert [len(t) for t in together] == [14, 32]
+
+
+def test_first_step_decodes_one_row_per_sentence():
+    # every beam starts as <s>: the first step decodes each sentence once, not K times
+    model = make_model(seed=7)
+    src = sources(5, 17, seed=7)
+    want = beam_search(model, src, beam_size=4, max_len=8)
+    rows = []
+    decode = model.decode
+
+    def counting(tgt, memory, src_mask, cache=None, need_weights=False):
+        rows.append(tgt.shape[0])
+        return decode(tgt, memory, src_mask, cache, need_weights)
+
+    model.decode = counting
+    for use_cache in (True, False):
+        rows.clear()
+        got = beam_search(model, src, beam_size=4, max_len=8, use_cache=use_cache)
+        assert rows[0] == 5 and rows[1] == 20
+        assert got.tokens == want.tokens
+        assert got.scores == pytest.approx(want.scores, abs=1e-5)

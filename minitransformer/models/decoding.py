@@ -23,6 +23,7 @@ one-token extensions; an extension ending in </s> becomes a finished translation
 among the top K (as in fairseq and Hugging Face), the best K others become the new beam. A
 sentence stops when it has K finished translations and the best of them beats every live
 prefix scored at its current length (with alpha = 0 no live prefix can catch up any more).
+At the first step a sentence has one prefix, <s>, so it is decoded once, not K times.
 
 Shapes: B sentences, K beam size, S source length, T target length so far, V vocabulary.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .generation import inference_scope
 
@@ -198,25 +200,27 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         cache = model.new_cache() if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
             for layer, (_, cross_cache) in zip(model.decoder.layers, cache, strict=True):
-                layer.cross_attn.fill_cache(cross_cache, memory, group=k)
-        else:  # without the cache every beam carries its source: rows i*K .. i*K+K-1
-            memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, C)
-            src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*K, 1, 1, S)
-        tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=dev)  # (B*K, 1)
-        scores = torch.full((b, k), float("-inf"), device=dev)  # (B, K) log P of each prefix
-        scores[:, 0] = 0.0  # one live prefix (<s>) at the start
-        alive = torch.arange(b, device=dev)  # which sentence each group of K rows is
+                layer.cross_attn.fill_cache(cross_cache, memory)
+        # At the first step a sentence has one prefix, <s>, decoded once rather than K times:
+        # kb, the live prefixes per sentence, is 1, then K; rows i*kb .. i*kb+kb-1 are
+        # sentence i's (and without the cache each row carries its source).
+        tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=dev)  # (B*kb, 1)
+        scores = torch.zeros(b, 1, device=dev)  # (B, kb) log P of each live prefix
+        alive = torch.arange(b, device=dev)  # which sentence each group of kb rows is
         n_done = torch.zeros(b, dtype=torch.long, device=dev)  # finished translations so far
         best = torch.full((b,), float("-inf"), device=dev)  # best finished score
         out: list[list[int]] = [[] for _ in range(b)]
         for step in range(int(limits.max()) + 1 if b else 0):
-            n = alive.numel()
+            n, kb = scores.shape
             logp = _next_logprobs(model, tokens, memory, src_mask, cache, step,
-                                  limits[alive].repeat_interleave(k), min_len)
+                                  limits[alive].repeat_interleave(kb), min_len)
             v = logp.shape[-1]
-            cand = (scores.reshape(-1, 1) + logp).view(n, k * v)  # (n, K*V) extended prefixes
+            cand = (scores.reshape(-1, 1) + logp).view(n, kb * v)  # (n, kb*V) extended prefixes
             width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
-            top, idx = cand.topk(width, dim=1)  # (n, 2K), best first
+            top, idx = cand.topk(min(width, kb * v), dim=1)  # (n, 2K), best first
+            if top.shape[1] < width:  # fewer candidates than K: the rest are -inf (<pad>)
+                top = F.pad(top, (0, width - top.shape[1]), value=float("-inf"))
+                idx = F.pad(idx, (0, width - idx.shape[1]), value=c.pad_id)
             origin, tok = idx // v, idx % v  # which beam each came from; its new token
             rank = torch.arange(width, device=dev)  # (2K,)
             is_eos = tok == c.eos_id  # (n, 2K)
@@ -229,7 +233,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 n_done[alive] += finish.sum(dim=1)
                 cand_best, which = norm.max(dim=1)  # (n,)
                 for i in (cand_best > best[alive]).nonzero().flatten().tolist():
-                    row = i * k + int(origin[i, which[i]])
+                    row = i * kb + int(origin[i, which[i]])
                     best[alive[i]] = cand_best[i]
                     out[int(alive[i])] = tokens[row, 1:].tolist()
             if step >= int(limits[alive].max()):  # every live sentence is out of room
@@ -240,9 +244,15 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
             scores = top.gather(1, order)  # (n, K)
             tok_k, origin_k = tok.gather(1, order), origin.gather(1, order)  # (n, K)
             scores = scores.masked_fill(tok_k == c.eos_id, float("-inf"))
-            rows = (torch.arange(n, device=dev)[:, None] * k + origin_k).view(-1)  # (n*K,)
+            rows = (torch.arange(n, device=dev)[:, None] * kb + origin_k).view(-1)  # (n*K,)
             tokens = torch.cat([tokens[rows], tok_k.view(-1, 1)], dim=1)  # (n*K, T + 1)
             _select_rows(rows, cache)  # beams move within their sentence: cross K/V stay
+            if kb < k:  # from one prefix to K per sentence
+                if cache is not None:  # a sentence's K beams: the queries of one attention
+                    for _, cross_cache in cache:
+                        cross_cache.group = k
+                else:
+                    memory, src_mask = memory[rows], src_mask[rows]  # (n*K, S, C), (n*K, ...)
 
             # Sentences whose live prefixes can no longer beat their best translation stop.
             live_best = scores.max(dim=1).values  # (n,)
