@@ -271,6 +271,28 @@ def test_a_training_state_that_reads_but_lacks_its_parts_is_a_damaged_checkpoint
                      str(newest), "damaged", f"remove that folder to go back to {older[-1].name}")
 
 
+@pytest.mark.parametrize("groups", [[], "x", [1], [{"lr": 1.0}], [{"params": "ab"}],
+                                    [{"params": [0, "1"]}]])
+def test_malformed_parameter_groups_are_refused_where_both_resumes_read_them(run_dir, tmp_path,
+                                                                             groups):
+    """--shard's resume reads the optimizer's state by name (``read_training_state``, then
+    ``distributed.set_full_state``), without ``load_state_dict``'s checks: the groups are
+    checked as they are read, so a malformed one is a damaged checkpoint there too."""
+    from minitransformer.errors import UserError
+    from minitransformer.training import checkpoint as ckpt
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    newest = ckpt.list_checkpoints(copy)[-1]
+    assert ckpt.read_training_state(newest)[1]["param_groups"]  # as saved: it reads
+    path = newest / "trainer_state.json"
+    state = json.loads(path.read_text(encoding="utf-8"))
+    state["optimizer"]["param_groups"] = groups
+    path.write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(UserError, match="the checkpoint is damaged"):
+        ckpt.read_training_state(newest)
+
+
 def test_resume_and_force_together_are_refused(run_dir, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)

@@ -287,6 +287,18 @@ def load_training_state(folder: Path, optimizer) -> tuple[dict, dict]:
     return state, rng
 
 
+def _check_groups(groups) -> None:
+    """A ValueError unless ``groups`` reads as an optimizer's parameter groups: a list of
+    objects, each with its parameters' indices. Both resumes read them, the single process's
+    through ``load_state_dict`` and --shard's by name (``distributed.set_full_state``)."""
+    if not isinstance(groups, list) or not groups:
+        raise ValueError(f"param_groups is {str(groups)[:40]!r}, not a list of groups")
+    for g in groups:
+        params = g.get("params") if isinstance(g, dict) else None
+        if not isinstance(params, list) or not all(type(i) is int for i in params):
+            raise ValueError(f"a parameter group is {str(g)[:40]!r}, without its params")
+
+
 def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
     """(json state, the optimizer's state dict, rng tensors) of a checkpoint folder."""
     folder = Path(folder)
@@ -301,6 +313,7 @@ def read_training_state(folder: Path) -> tuple[dict, dict, dict]:
     _check_state(state, folder)
     try:
         optimizer_state = _unflatten_optimizer(tensors, state.pop("optimizer"))
+        _check_groups(optimizer_state["param_groups"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise UserError(f"cannot read the optimizer's state in {folder} ({type(e).__name__}: "
                         f"{e}): the checkpoint is damaged{_go_back(folder)}") from None

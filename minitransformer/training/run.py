@@ -168,6 +168,7 @@ class TrainingRun:
         folder = ckpt.list_checkpoints(self.out_dir)[-1]
         if self.sharded:
             state, optimizer_state, rng = ckpt.read_training_state(folder)
+            ckpt.check_optimizer_kind(folder, optimizer_state, self.optimizer)
             distributed.set_full_state(self.model, self.optimizer,
                                        read_safetensors(folder / ckpt.MODEL_FILE),
                                        optimizer_state, str(folder))
