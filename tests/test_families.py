@@ -256,6 +256,19 @@ def test_a_token_cap_below_the_longest_pair_says_those_pairs_come_alone(tmp_path
     assert re.search(r"<= 5 tokens \(a pair longer, up to \d+, alone\)", out), out
 
 
+def test_pairs_left_out_by_block_size_are_counted_with_the_limit_that_left_them_out(
+        tmp_path, capsys):
+    """A block_size under train_max_len drops training pairs at block_size - 1 tokens, and
+    valid pairs too: the summary named train_max_len's 48 and said nothing of the valid ones."""
+    assert main(["train", "--data", _pairs(tmp_path / "pairs.tsv"), "--out",
+                 str(tmp_path / "mt"), "--preset", "debug", "--vocab_size", "300",
+                 "--block_size", "40", "--max_iters", "1", "--eval_iters", "1",
+                 "--sample_tokens", "0", "--warmup_iters", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ training pairs longer than 39 tokens dropped, \d+ kept; \d+ valid "
+                     r"pairs longer than 39 left out", out), out
+
+
 def test_several_sources_to_evaluate_are_refused_where_they_cannot_be_read(runs, tmp_path,
                                                                          capsys):
     """Sentence pairs come from one --data; a prepared folder is read alone: one line each,

@@ -167,10 +167,12 @@ class Seq2SeqFamily(Family):
         src, tgt = built.task.splits["train"]
         longest = max(max(len(a), len(b) + 1) for a, b in zip(src, tgt, strict=True))
         alone = f" (a pair longer, up to {longest}, alone)" if longest > d["batch_tokens"] else ""
+        (n, limit), (n_valid, valid_limit) = prepared.extra["dropped"].values()  # train, valid
         lines = summary_lines(
-            f"corpus {prepared.extra['corpus'].name}: {prepared.summary}; "
-            f"{prepared.extra['dropped']:,} training pairs longer than {d['train_max_len']} "
-            f"tokens dropped, {prepared.extra['kept']:,} kept", "model", built,
+            f"corpus {prepared.extra['corpus'].name}: {prepared.summary}; {n:,} training pairs "
+            f"longer than {limit} tokens dropped, {prepared.extra['kept']:,} kept" + (
+                f"; {n_valid:,} valid pairs longer than {valid_limit} left out" if n_valid else
+                ""), "model", built,
             f"{c.encoder_layers}+{c.decoder_layers} layers, {c.n_head} heads, {c.n_embd} wide, "
             f"d_ff {c.ffn_width}", train_cfg,
             f"batches of <= {train_cfg.batch_size} pairs and <= {d['batch_tokens']} tokens"
@@ -259,9 +261,10 @@ def decoding_options(options: dict, model=None) -> dict:
 
 def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,
                   data_cfg: ParallelDataConfig):
-    """Token ids of train and valid; training pairs longer than train_max_len are dropped."""
+    """Token ids of train and valid, and per split (pairs left out, the limit): pairs longer
+    than block_size - 1 tokens, and training pairs longer than train_max_len."""
     corpus, splits = prepared.extra["corpus"], prepared.extra["splits"]
-    out, dropped = {}, 0
+    out, dropped = {}, {}
     for name in ("train", "valid"):
         idx = splits[name]
         src, tgt = encode_pairs(tokenizer, [corpus.src[i] for i in idx],
@@ -270,12 +273,11 @@ def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,
         if name == "train":
             limit = min(limit, data_cfg.train_max_len)
         keep = [i for i in range(len(src)) if len(src[i]) <= limit + 1 and len(tgt[i]) <= limit]
-        if name == "train":
-            dropped = len(src) - len(keep)
+        dropped[name] = (len(src) - len(keep), limit)
         out[name] = ([src[i] for i in keep], [tgt[i] for i in keep])
         if not keep:
-            raise NotApplicable(f"every {name} pair is longer than {limit} tokens; raise "
-                                f"--train_max_len or --block_size")
+            flag = "block_size" if limit == model_cfg.block_size - 1 else "train_max_len"
+            raise NotApplicable(f"every {name} pair is longer than {limit} tokens; raise --{flag}")
     return out, dropped
 
 
