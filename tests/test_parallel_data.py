@@ -109,6 +109,10 @@ BAD_INPUTS = [
     ("empty.tsv", "en\tes\nHello.\tHola.\nBye.\t  \n", None, "empty.tsv:3: the es side is empty"),
     ("a.txt", "one\ntwo\nthree\n", ("b.txt", "uno\ndos\n"),
      "b.txt:3: the file ends here, but a.txt goes on to line 3"),
+    # a TSV given with --data_tgt: its lines were read whole as source sentences
+    ("pairs.tsv", "Hello.\tHola.\nBye.\tAdiós.\n", ("b.txt", "Hola.\nAdiós.\n"),
+     "pairs.tsv:1: a tab, but two aligned files hold one sentence per line; a file of "
+     "source<TAB>target pairs is a TSV: give it alone as --data, without --data_tgt"),
 ]
 
 

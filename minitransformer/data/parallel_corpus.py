@@ -183,6 +183,10 @@ def read_aligned(src_file: str, tgt_file: str, encoding: str = "utf-8") -> Paral
             if not text:
                 raise UserError(f"{name}:{i + 1}: empty line, but the other file has a "
                                 f"sentence there")
+            if "\t" in text:  # a TSV's source<TAB>target read as one sentence
+                raise UserError(f"{name}:{i + 1}: a tab, but two aligned files hold one "
+                                f"sentence per line; a file of source<TAB>target pairs is a "
+                                f"TSV: give it alone as --data, without --data_tgt")
         s_out.append(s)
         t_out.append(t)
         groups.append(f"block {i // block}")
