@@ -163,6 +163,11 @@ def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys,
     latin = capsys.readouterr().out
     assert main(["translate", str(out["seq2seq"]), "café naïve", "--beam", "1"]) == 0
     assert capsys.readouterr().out == latin
+    # a UTF-8 file that starts with a BOM (Notepad's): left out, as training leaves it out
+    (tmp_path / "bom.txt").write_bytes("\ufeffcafé naïve\r\n".encode("utf-8"))
+    assert main(["translate", str(out["seq2seq"]), "--input", str(tmp_path / "bom.txt"),
+                 "--beam", "1"]) == 0
+    assert capsys.readouterr().out == latin
     for texts, said in ((["   "], "the sentence is empty"),
                         (["café", "", "naïve"], "sentence 2 of 3 is empty")):
         assert main(["translate", str(out["seq2seq"]), *texts]) == 2

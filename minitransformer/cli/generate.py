@@ -303,7 +303,7 @@ def _read_lines(args) -> list[str]:
     encoding = args.encoding or (locale.getpreferredencoding(False) if stdin else "utf-8")
     try:
         raw = sys.stdin.buffer.read() if stdin else Path(args.input).read_bytes()
-        return raw.decode(encoding).splitlines()
+        return raw.decode(encoding).removeprefix("\ufeff").splitlines()  # BOM: as training
     except OSError as e:
         raise UserError(f"cannot read {shown}: {e.strerror}") from None
     except LookupError:
