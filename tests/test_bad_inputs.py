@@ -402,6 +402,9 @@ def test_messages_name_what_was_given(run_dir, tmp_path, capsys):
                      "holds a GPT run, not an encoder run")
     check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--encoding", "gbk"],
                      "--resume reads the run's own data in its encoding (utf-8)")
+    # its data settings, not its data: --resume --data DIR may go on with other text
+    check_user_error(capsys, ["train", "--out", run_dir, "--resume", "--n_layer", "3"],
+                     "--resume keeps the run's model and data settings; n_layer differ(s)")
     for argv in (["train", "--data", "sayings", "--out", tmp_path / "o"],
                  ["evaluate", run_dir, "--data", "sayings"],
                  ["prepare", "--data", "sayings", "--out", tmp_path / "d"]):

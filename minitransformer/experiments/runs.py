@@ -262,7 +262,7 @@ def resumed_run(req: TrainRequest):
     model_f, train_f = split_for(family, req.fields)
     changed = sorted(k for k, v in model_f.items() if saved.get(k) != v)
     if changed:
-        raise UserError(f"--resume keeps the run's model and data; {', '.join(changed)} "
+        raise UserError(f"--resume keeps the run's model and data settings; {', '.join(changed)} "
                         f"differ(s) from the checkpoint")
     data = meta.get("data", {})
     source = req.data or data.get("source")
