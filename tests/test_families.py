@@ -152,6 +152,15 @@ def test_evaluate_reads_the_columns_asked_of_another_tsv(runs, tmp_path, capsys)
     assert main(["evaluate", run, "--data", str(other), "--src", "1", "--tgt", "2", "--limit",
                  "2", "--examples", "0", "--beam", "2"]) == 0
     assert "BLEU" in capsys.readouterr().out
+    # another corpus split as the run's was: its val loss is its own valid split's
+    part = tmp_path / "part.tsv"
+    part.write_text("\n".join(rows[: len(rows) // 2]) + "\n", encoding="utf-8")
+    assert main(["evaluate", run, "--data", str(part), "--src", "1", "--tgt", "2", "--limit",
+                 "2", "--examples", "0", "--split", "test"]) == 0
+    said = capsys.readouterr().out
+    assert f"(the valid split of {part})" in said and "as in training" not in said, said
+    assert main(["evaluate", run, "--split", "test", "--limit", "2", "--examples", "0"]) == 0
+    assert "(valid split, as in training)" in capsys.readouterr().out
 
 
 def test_translate_reads_its_input_in_the_encoding_asked(runs, tmp_path, capsys,

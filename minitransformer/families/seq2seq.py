@@ -101,8 +101,7 @@ class Seq2SeqFamily(Family):
         data_cfg = self._data_config(fields)
         corpus = load_parallel(source, source_tgt, data_cfg.src, data_cfg.tgt, encoding)
         splits = split_indices(corpus.groups)
-        texts = [corpus.src[i] for i in splits["train"]] + \
-            [corpus.tgt[i] for i in splits["train"]]
+        texts = [side[i] for side in (corpus.src, corpus.tgt) for i in splits["train"]]
         tokenizer = BPETokenizer.train(texts, fields.get("vocab_size", 8000))
         return self._prepared(corpus, splits, tokenizer, source, source_tgt, encoding, data_cfg)
 
@@ -200,9 +199,10 @@ class Seq2SeqFamily(Family):
                                 "file); give both")
         # another corpus is a test set: all of it (the run's own, however named: its split)
         prepared = self.reopen(meta, tokenizer, source, encoding, options.get("data_tgt"),
-                               columns=columns, whole=None if not options.get("split") else
-                               False)
-        split, where = options.get("split") or "test", "valid split, as in training"
+                               columns=columns, whole=False if options.get("split") else None)
+        split, corpus = options.get("split") or "test", prepared.extra["corpus"]
+        where = "valid split, as in training" if own_pairs(meta.get("data", {}), corpus, source) \
+            else f"the valid split of {corpus.name}"  # --split: another corpus split as the run's
         fields = self.saved_fields(meta)
         if prepared.extra["whole"]:
             split = "all"
