@@ -291,6 +291,7 @@ def test_lora_runs_for_the_other_families_load_plain_and_resume(family, tiny_tex
                      "2"]) == 0
     printed = capsys.readouterr().out
     assert "LoRA rank 2" in printed and "parameters train" in printed
+    assert " linear layers (q_proj,v_proj)" in printed  # modules adapted, not blocks
     own = load_file(out / "checkpoints" / "step_0000002" / LORA_STATE)
     assert any(".lora_A." in k for k in own) and any(".base_layer." in k for k in own)
     assert not any("lora" in k for k in load_file(out / "model.safetensors"))

@@ -198,8 +198,8 @@ class Lora:
         n = self.trainable()
         frozen = sum(p.numel() for p in self.model.parameters()) - n
         return (f"LoRA rank {self.cfg.lora_rank}, alpha {self.cfg.lora_alpha:g} on "
-                f"{len(self.targets)} layers ({self.cfg.lora_targets}): {n:,} parameters train "
-                f"({100 * n / frozen:.2f}% of the {frozen:,} frozen)")
+                f"{len(self.targets)} linear layers ({self.cfg.lora_targets}): {n:,} parameters "
+                f"train ({100 * n / frozen:.2f}% of the {frozen:,} frozen)")
 
     # ---- saving ------------------------------------------------------------------------
 
