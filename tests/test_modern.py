@@ -378,3 +378,14 @@ def test_every_gpt_preset_has_its_modern_twin():
         tuned = (*MODERN, "batch_size", "muon_lr")  # the 2- and 10-minute twins' own
         assert {k: v for k, v in twin.items() if k not in tuned} == \
             {k: v for k, v in PRESETS[name].items() if k not in tuned}
+
+
+def test_the_one_line_description_names_qk_norm():
+    """`sample --hf` and `export` describe the model in one line: a Qwen3's QK-norm was left
+    out of its parts."""
+    from minitransformer.interop.hf import describe
+
+    sizes = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    assert "qk-norm" not in describe(GPT(GPTConfig(**sizes)))
+    assert describe(GPT(GPTConfig(**sizes, qk_norm=True))).startswith("GPT (learned, ")
+    assert ", qk-norm): " in describe(GPT(GPTConfig(**sizes, qk_norm=True)))

@@ -201,6 +201,7 @@ def describe(model) -> str:
     c = model.config
     kind = "GPT" if isinstance(model, GPT) else "encoder"
     parts = [getattr(c, name, None) for name in ("pos_encoding", "norm", "activation")]
+    parts += ["qk-norm"] if getattr(c, "qk_norm", False) else []  # Qwen3's
     kind += f" ({', '.join(p for p in parts if isinstance(p, str))})"  # Llama's: rope, rmsnorm
     return (f"{kind}: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads, "
             f"{c.n_embd} wide, context {c.block_size}, vocabulary {c.vocab_size:,}")
