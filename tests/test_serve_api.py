@@ -338,6 +338,24 @@ def test_bad_requests_get_openai_errors(url, client, name):
     still_serving(client)
 
 
+def test_half_a_surrogate_pair_is_refused_in_every_field_that_holds_text(url, client):
+    """JSON can spell a lone surrogate ("\\ud800"): no character, which a BPE run's tokenizer
+    failed on as a 500; a stop string of one was taken without a word."""
+    for body, param, path in (
+            (b'{"model": "tiny", "prompt": "To\\ud800"}', "prompt", "v1/completions"),
+            (b'{"model": "tiny", "prompt": ["To", "\\udc80"], "stream": true}', "prompt",
+             "v1/completions"),
+            (b'{"model": "tiny", "prompt": "To", "stop": "\\ud800"}', "stop", "v1/completions"),
+            (b'{"text": "To be\\ud800"}', "text", "api/inspect")):
+        status, answer = post(url, body, path=path)
+        assert status == 400 and answer["error"]["param"] == param, answer
+        assert_openai_error(answer)
+        if param != "text":  # a plain string field: pydantic's own "unable to parse" words
+            assert "surrogate pair alone: not a character" in answer["error"]["message"]
+            assert not answer["error"]["message"].split(": ", 1)[1].startswith("Value error")
+    still_serving(client)
+
+
 def test_an_unknown_field_is_refused_by_name(url, client):
     """A field this server does not know is a 400 naming it, in OpenAI's words, never
     ignored; the page's endpoints are as strict."""

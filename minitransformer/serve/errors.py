@@ -55,7 +55,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
         return f"Unrecognized request argument supplied: {name}", name, "unknown_parameter"
     param = loc[0] if loc else None  # the field (pydantic adds the union member's type)
     where = f"{param}: " if param else ""
-    return f"{where}{first.get('msg', 'invalid value')}", param, "invalid_value"
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")  # our own words
+    return f"{where}{message}", param, "invalid_value"
 
 
 def install_handlers(app) -> None:

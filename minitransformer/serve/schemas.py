@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import SEED_LIMIT
 
@@ -22,8 +22,29 @@ MAX_LOGPROBS = 20  # top log-probabilities per token
 MAX_TOP = 50  # top_k of the page's probability view
 
 
+def unicode_text(value):
+    """``value`` as it came, unless a string in it is not Unicode text: JSON can spell half of
+    a UTF-16 pair alone ("\\ud800"), which is no character and which no tokenizer reads (a BPE
+    run's failed as a 500)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"character {e.start} is {value[e.start]!r}, half of a UTF-16 "
+                             f"surrogate pair alone: not a character") from None
+    elif isinstance(value, list):
+        for item in value:
+            unicode_text(item)
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _unicode(cls, value):  # every field's strings, nested in lists too
+        return unicode_text(value)
 
 
 class StreamOptions(Strict):
