@@ -346,6 +346,22 @@ def test_starting_texts_come_from_the_corpus_else_a_prompt_the_model_reads(run_d
                                    "masked": "ab ca bc abc ca[MASK]"}
     run.meta["data"]["source"] = "shakespeare"  # a bundled corpus whose characters it lacks
     assert starting_texts(run) == {}
+    # a folder (its first file), JSON Lines and Parquet (the first record's text field): the
+    # page once kept its own ROMEO:, which this model cannot read
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.txt").write_text("ba ab\n", encoding="utf-8")
+    (tmp_path / "folder" / "b.txt").write_text("cc\n", encoding="utf-8")
+    (tmp_path / "r.jsonl").write_text('{"body": "cab ab"}\n{"body": "c"}\n', encoding="utf-8")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pytest.importorskip("pyarrow").table({"body": ["a b c", "b"]}),
+                   tmp_path / "r.parquet")
+    for source, field, line in (("folder", None, "ba ab"), ("r.jsonl", "body", "cab ab"),
+                                ("r.parquet", "body", "a b c")):
+        run.meta["data"]["source"] = str(tmp_path / source)
+        run.meta["data"].pop("text_field", None)
+        if field:
+            run.meta["data"]["text_field"] = field
+        assert starting_texts(run)["prompt"] == line
 
 
 def test_the_walkthrough_tail_starts_at_a_whole_character():

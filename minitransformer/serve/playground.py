@@ -18,7 +18,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
-from ..data.text import corpus_path
+from ..data.sources import is_json_lines, read_documents, source_files
 from ..errors import UserError
 from ..families.encoder import fills_masks
 from ..tokenizers.streaming import continuation
@@ -61,19 +61,25 @@ PROMPT = "ROMEO:"  # the page's own first prompt, where the run's corpus says no
 
 
 def corpus_line(run, longest: int = 16) -> str | None:
-    """The first line of the run's own text corpus (its first few KB), at most ``longest``
-    characters cut at a space, as ``train``'s "sample from it" hint takes it; None where the
-    corpus is not a readable text file here or the model cannot read the line."""
+    """The first line of the run's own corpus (of its first file's first few KB, or first
+    record's text), at most ``longest`` characters cut at a space, as ``train``'s "sample from
+    it" hint takes it; None where the corpus is not readable here (or is sentence pairs) or
+    the model cannot read the line."""
     data = run.meta.get("data") if isinstance(run.meta.get("data"), dict) else {}
     source = data.get("source")
     source = source[0] if isinstance(source, list) and source else source
-    if not isinstance(source, str) or Path(source).suffix.lower() in TABLE_LIKE:
+    if not isinstance(source, str) or Path(source).suffix.lower() == ".tsv":
         return None
+    encoding = data.get("encoding") or "utf-8"
     try:
-        with open(corpus_path(source), "rb") as f:
-            head = f.read(HEAD_BYTES)
-        text = head.decode(data.get("encoding") or "utf-8", errors="ignore")
-    except (UserError, OSError, LookupError):  # gone, a folder, an unknown encoding
+        first = source_files([source])[0]  # a folder's first file
+        if first.suffix.lower() in TABLE_LIKE or is_json_lines(first):
+            doc = next(read_documents([first], data.get("text_field", "text"), encoding), None)
+            text = doc.text[:HEAD_BYTES] if doc is not None else ""
+        else:
+            with open(first, "rb") as f:
+                text = f.read(HEAD_BYTES).decode(encoding, errors="ignore")
+    except (UserError, OSError, LookupError, ValueError, IndexError):  # gone, unreadable
         return None
     text = text.removeprefix("\ufeff")  # a byte order mark, as train reads past it
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

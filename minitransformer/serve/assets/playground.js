@@ -364,8 +364,9 @@
     document.body.dataset.ready = "true";
     $("keybox").hidden = !info.auth;
     setStatus("model", ["play.model_line", { title: info.title, model: info.model }]);
-    // the boxes open with text of the run's own corpus, which its model can read
-    if (info.prompt && !state.prompt) $("prompt").value = info.prompt;
+    // the boxes open with text of the run's own corpus, which its model can read; none such:
+    // an empty box (the page's own ROMEO: would fail at the first Generate)
+    if (!state.prompt) $("prompt").value = info.prompt || "";
     if (info.masked) $("masked").value = info.masked;
     if (info.completions) {
       $("gpt").hidden = false;
