@@ -222,6 +222,7 @@ def test_a_char_run_cannot_read_new_characters(tmp_path, capsys):
     err = bad(capsys, "--init_from", str(src), "--data", str(other), "--out",
               str(tmp_path / "o"))
     assert "never saw" in err and "character model" in err and "bpe-bytes" in err
+    assert "(one trained with --tokenizer bpe-bytes)" in err  # not a flag to add here
 
 
 # ---- all-MiniLM-L6-v2: continued masked-LM training -----------------------------------------

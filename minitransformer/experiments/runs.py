@@ -231,8 +231,8 @@ def pretrained_run(req: TrainRequest, echo=print):
     except UnknownCharactersError as e:
         raise UserError(f"{data}: {e}. A character model ({source.path}) can only be "
                         f"fine-tuned on text in its own alphabet: replace those characters, or "
-                        f"start from a byte-level BPE model (--tokenizer bpe-bytes), which "
-                        f"reads any text") from None
+                        f"start from a model whose tokenizer reads any text (one trained with "
+                        f"--tokenizer bpe-bytes)") from None
     torch.manual_seed(train_cfg.seed)  # a fresh masked-LM head, dropout
     built, notes = family.start_from(source, prepared, model_f, train_cfg.seed)
     built.meta["preset"] = preset
