@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import SEED_LIMIT
 
@@ -66,12 +66,12 @@ class CompletionRequest(Strict):
                     "lists")
     max_tokens: int | None = Field(16, ge=0, description="new tokens per choice (capped by the "
                                    "server's --max_tokens)")
-    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False,
-                               description="0 = greedy; higher = more random")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; 1 = off")
+    temperature: float | None = Field(1.0, ge=0.0, allow_inf_nan=False,
+                                      description="0 = greedy; higher = more random")
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; 1 = off")
     top_k: int = Field(0, ge=0, description="the k most likely tokens only; 0 = off")
-    n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt; choice i is seeded "
-                   "seed + i")
+    n: int | None = Field(1, ge=1, le=MAX_N, description="choices per prompt; choice i is "
+                          "seeded seed + i")
     stop: str | list[str] | None = Field(None, description="up to 4 strings that end a choice "
                                          "(not included in its text)")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="same seed, same text")
@@ -90,6 +90,15 @@ class CompletionRequest(Strict):
                                                 "absent or empty")
     presence_penalty: float = Field(0.0, description="not supported: must be 0")
     frequency_penalty: float = Field(0.0, description="not supported: must be 0")
+
+    @model_validator(mode="after")
+    def _null_is_the_default(self):
+        """OpenAI's API takes null for these (a client may send every option it has): the
+        default, as if absent."""
+        for name in ("temperature", "top_p", "n"):
+            if getattr(self, name) is None:
+                setattr(self, name, type(self).model_fields[name].default)
+        return self
 
 
 class InspectRequest(Strict):
