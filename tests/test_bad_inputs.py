@@ -312,6 +312,7 @@ def test_resume_names_a_later_folder_it_skips(run_dir, tmp_path, capsys):
     assert main(["train", "--out", str(copy), "--resume", "--max_iters", "5", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "from step 4" in out and "skipped step_9999999: incomplete" in out, out
+    assert "done: 5 steps (1 now) in " in out, out  # the run's steps, and this call's
 
 
 def test_sequence_longer_than_a_learned_position_table():

@@ -388,7 +388,8 @@ def train_run(req: TrainRequest, echo=print) -> int:
         built.model = lora.merge_in_place()
     if train_cfg.shard:  # the shards ended with their processes: finish with the whole model
         built.model = load_checkpoint(out, device=next(built.model.parameters()).device)[0]
-    echo(f"done: {result.step} steps in {result.train_seconds:.0f}s of training; "
+    now = f" ({result.step - result.start_step} now)" if result.start_step else ""  # resumed
+    echo(f"done: {result.step} steps{now} in {result.train_seconds:.0f}s of training; "
          f"val loss {result.val_loss:.4f} (best {result.best_val_loss:.4f})")
     for line in family.finish(out, result, prepared, built, train_cfg):
         echo(line)

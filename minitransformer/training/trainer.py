@@ -32,6 +32,7 @@ class TrainResult:
     train_seconds: float
     interrupted: bool = False
     stopped_early: bool = False  # the health guard's early stop
+    start_step: int = 0  # where this call began: a resumed run's checkpoint step
 
 
 def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume: bool = False,
@@ -51,6 +52,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
     run.setup(resume, force)
     if resume:
         run.restore()
+    start_step = run.step
     run.start(resume, progress)
     with StopFlag() as stop:
         while True:
@@ -71,7 +73,7 @@ def train(model, tokenizer, task, cfg: TrainConfig, out_dir, meta: dict, resume:
         run.wrap_up()
     run.close()
     return TrainResult(run.out_dir, run.step, run.best, run.last_val, run.train_time,
-                       run.interrupted, run.health.stop_requested)
+                       run.interrupted, run.health.stop_requested, start_step)
 
 
 __all__ = ["LanguageModelTask", "StopFlag", "TrainResult", "TrainingDiverged", "estimate_loss",
