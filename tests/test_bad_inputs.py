@@ -627,9 +627,24 @@ def test_a_full_disk_is_the_machine_not_a_bug(run_dir, monkeypatch, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_windows_line_end_in_a_prompt_says_what_it_is(run_dir, capsys):
-    """A prompt pasted with CRLF line ends: the '\\r' a character model never saw is named as
-    half of a Windows line end, with the way out."""
-    check_user_error(capsys, ["sample", run_dir, "--prompt", "he\r\nhe", "--max-new-tokens",
-                              "2"], "'\\r'", "half of a Windows line end",
-                     "end lines with \\n alone")
+def test_a_windows_line_end_in_a_prompt_is_read_as_the_training_text_was(tmp_path, capsys):
+    """A prompt pasted with CRLF line ends, for a character model that never saw '\\r' (its
+    text's line ends were read as '\\n'): read as '\\n' too, where it was refused. Text that
+    is not a prompt still names the '\\r' as half of a Windows line end, with the way out."""
+    from minitransformer.errors import UserError
+    from minitransformer.training.checkpoint import read_tokenizer
+
+    corpus = tmp_path / "lines.txt"
+    corpus.write_bytes(b"hello world,\r\nthe quick brown fox.\r\n" * 60)  # read as \n
+    run_dir = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(run_dir), *TINY]) == 0
+    capsys.readouterr()
+    argv = ["sample", str(run_dir), "--max-new-tokens", "8", "--seed", "3", "--prompt"]
+    assert main([*argv, "he\nhe"]) == 0
+    lf = capsys.readouterr().out
+    for prompt in ("he\r\nhe", "he\rhe"):  # the prompt printed as given, then the same text
+        assert main([*argv, prompt]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(prompt) and out.replace("\r\n", "\n").replace("\r", "\n") == lf
+    with pytest.raises(UserError, match="half of a Windows line end: end lines with \\\\n"):
+        read_tokenizer(run_dir).encode("he\r\nhe")

@@ -47,7 +47,12 @@ class CharTokenizer:
         return [self.stoi[ch] for ch in text]
 
     def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)  # no special tokens begin a text
+        """A prompt's ids (no special tokens begin a text). Where the alphabet has no '\\r',
+        the training text's line ends were read as '\\n' (or it had no others): a prompt's
+        Windows line ends ('\\r\\n', or a lone '\\r') are read so too, not refused."""
+        if "\r" in text and "\r" not in self.stoi:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return self.encode(text)
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
