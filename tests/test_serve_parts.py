@@ -381,3 +381,16 @@ def test_the_walkthrough_tail_starts_at_a_whole_character():
         kept, dropped = last_tokens(run, text[:n])
         assert text[:n].endswith(kept) and "\ufffd" not in kept
         assert len(tok.encode(kept)) <= 64 and dropped > 0
+
+
+def test_the_walkthrough_tail_reads_a_windows_line_end_as_a_prompt_does():
+    """A character model without '\\r' reads a prompt's CRLF as '\\n'; the tail of a long
+    text cut for the page did not, and came back whole and uncut."""
+    from types import SimpleNamespace
+
+    from minitransformer.serve.walkthrough import last_tokens
+    from minitransformer.tokenizers.char import CharTokenizer
+
+    run = SimpleNamespace(tokenizer=CharTokenizer.fit("ab\n"),
+                          model=SimpleNamespace(config=SimpleNamespace(block_size=8)))
+    assert last_tokens(run, "ab\r\n" * 10) == ("b\nab\nab\n", 22)  # 30 characters, 8 kept

@@ -77,8 +77,9 @@ def last_tokens(run, text: str) -> tuple[str, int]:
     The cut starts at a whole character: byte-level BPE may split one between tokens."""
     tok = run.tokenizer
     try:  # the page reads the text as a prompt: room for a start token such as Llama's <s>
-        limit = min(run.model.config.block_size, DISPLAY_TOKENS) - len(tok.encode_prompt(""))
-        ids = tok.encode(text)
+        specials = len(tok.encode_prompt(""))
+        limit = min(run.model.config.block_size, DISPLAY_TOKENS) - specials
+        ids = tok.encode_prompt(text)[specials:]  # as a prompt (a char model's CRLF read as \n)
     except Exception:  # noqa: BLE001 - unseen characters: explain says so, naming them
         return text, 0
     kept, dropped = text, 0
