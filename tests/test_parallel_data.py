@@ -101,6 +101,9 @@ def test_two_aligned_files(tmp_path):
     (tmp_path / "train.es").write_bytes(b.read_bytes())
     c = load_parallel(str(tmp_path / "train.en"), str(tmp_path / "train.es"))
     assert (c.src_lang, c.tgt_lang) == ("en", "es")  # only the suffixes differ: them
+    a.write_text("one\ttwo\nthree\nfour\n", encoding="utf-8")  # a stray tab: a sentence's
+    b.write_text("uno\ndos\ntres\n", encoding="utf-8")
+    assert load_parallel(str(a), str(b)).src == ["one\ttwo", "three", "four"]
 
 
 BAD_INPUTS = [
@@ -110,9 +113,9 @@ BAD_INPUTS = [
     ("a.txt", "one\ntwo\nthree\n", ("b.txt", "uno\ndos\n"),
      "b.txt:3: the file ends here, but a.txt goes on to line 3"),
     # a TSV given with --data_tgt: its lines were read whole as source sentences
-    ("pairs.tsv", "Hello.\tHola.\nBye.\tAdiós.\n", ("b.txt", "Hola.\nAdiós.\n"),
-     "pairs.tsv:1: a tab, but two aligned files hold one sentence per line; a file of "
-     "source<TAB>target pairs is a TSV: give it alone as --data, without --data_tgt"),
+    ("pairs.tsv", "Hello.\nHi.\tHola.\nBye.\tAdiós.\n", ("b.txt", "Hola.\nHola.\nAdiós.\n"),
+     "pairs.tsv:2: 2 of its 3 lines hold a tab between two texts, as a TSV of "
+     "source<TAB>target pairs does: give such a file alone as --data, without --data_tgt"),
 ]
 
 

@@ -173,6 +173,8 @@ def read_aligned(src_file: str, tgt_file: str, encoding: str = "utf-8") -> Paral
                                                    key=lambda x: x[1])
         raise UserError(f"{short}:{n_short + 1}: the file ends here, but {long_} goes on to "
                         f"line {n_long}; the two files must be aligned line by line")
+    for lines, name in ((a, src_file), (b, tgt_file)):
+        _refuse_pairs(lines, name)
     s_out, t_out, groups = [], [], []
     block = _block_size(len(a))
     for i, (s, t) in enumerate(zip(a, b, strict=True)):
@@ -183,10 +185,6 @@ def read_aligned(src_file: str, tgt_file: str, encoding: str = "utf-8") -> Paral
             if not text:
                 raise UserError(f"{name}:{i + 1}: empty line, but the other file has a "
                                 f"sentence there")
-            if "\t" in text:  # a TSV's source<TAB>target read as one sentence
-                raise UserError(f"{name}:{i + 1}: a tab, but two aligned files hold one "
-                                f"sentence per line; a file of source<TAB>target pairs is a "
-                                f"TSV: give it alone as --data, without --data_tgt")
         s_out.append(s)
         t_out.append(t)
         groups.append(f"block {i // block}")
@@ -194,6 +192,18 @@ def read_aligned(src_file: str, tgt_file: str, encoding: str = "utf-8") -> Paral
         raise UserError(f"{src_file} and {tgt_file} hold no sentences")
     return ParallelCorpus(f"{src_file} + {tgt_file}", *_sides(src_file, tgt_file), s_out,
                           t_out, groups)
+
+
+def _refuse_pairs(lines: list[str], name: str) -> None:
+    """A UserError where most of a file's lines hold a tab between two texts: a TSV of
+    source<TAB>target pairs given as one of two aligned files (each line would be read whole
+    as one sentence). A tab here and there stays part of its sentence."""
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    pairs = [i for i in filled if len([f for f in lines[i].split("\t") if f.strip()]) >= 2]
+    if pairs and len(pairs) * 2 > len(filled):
+        raise UserError(f"{name}:{pairs[0] + 1}: {len(pairs):,} of its {len(filled):,} lines "
+                        f"hold a tab between two texts, as a TSV of source<TAB>target pairs "
+                        f"does: give such a file alone as --data, without --data_tgt")
 
 
 def _sides(src_file: str, tgt_file: str) -> tuple[str, str]:
