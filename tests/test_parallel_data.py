@@ -133,6 +133,21 @@ def test_bad_parallel_input_is_one_line_exit_2(tmp_path, capsys, name, text, oth
     assert message in err.replace(str(tmp_path) + "/", "")
 
 
+@pytest.mark.parametrize("block, flags", [("49", "--block_size and --train_max_len"),
+                                          ("200", "--train_max_len"), ("20", "--block_size")])
+def test_pairs_all_too_long_name_the_limits_to_raise(tmp_path, capsys, block, flags):
+    """Training pairs are cut at the lower of block_size - 1 and train_max_len (48): the
+    refusal names the flag that sets it, both where they are equal."""
+    words = " ".join(f"w{i}" for i in range(60))
+    pairs = tmp_path / "long.tsv"
+    pairs.write_text("".join(f"{words} {i}\t{words} {i}\n" for i in range(200)), encoding="utf-8")
+    assert main(["train", "--data", str(pairs), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--vocab_size", "300", "--block_size", block, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"every train pair is longer than {min(int(block) - 1, 48)} tokens; "
+                        f"raise {flags}"), err
+
+
 def test_bad_input_through_the_real_cli(tmp_path, run_cli):
     bad = tmp_path / "bad.tsv"
     bad.write_text("ref\ten\tes\nGen 1:1\tIn the beginning\tEn el principio\nGen 1:2\tx\n",

@@ -14,6 +14,7 @@ consecutive lines), so that no test verse has its neighbours in training.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -65,6 +66,13 @@ class ParallelCorpus:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def digest(self) -> str:
+        """SHA-256 of the sentence pairs: the same pairs, however their files are named."""
+        digest = hashlib.sha256()
+        for src, tgt in zip(self.src, self.tgt, strict=True):
+            digest.update(f"{src}\t{tgt}\n".encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
 
 def _read_lines(path: Path, shown: str, encoding: str) -> list[str]:

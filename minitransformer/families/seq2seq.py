@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 
@@ -133,7 +132,7 @@ class Seq2SeqFamily(Family):
     def _prepared(self, corpus, splits, tokenizer, source, source_tgt, encoding,
                   data_cfg) -> Prepared:
         data_meta = {"source": source, "source_tgt": source_tgt, "encoding": encoding,
-                     "pairs_sha256": pairs_digest(corpus),
+                     "pairs_sha256": corpus.digest(),
                      "tokenizer": "bpe", "src_lang": corpus.src_lang,
                      "tgt_lang": corpus.tgt_lang, "config": vars(data_cfg).copy(),
                      "pairs": {k: len(v) for k, v in splits.items()}}
@@ -176,8 +175,8 @@ class Seq2SeqFamily(Family):
             f"d_ff {c.ffn_width}", train_cfg,
             f"batches of <= {train_cfg.batch_size} pairs and <= {d['batch_tokens']} tokens"
             + alone)
-        return [lines[0], f"joint BPE vocabulary: {prepared.tokenizer.vocab_size:,} tokens",
-                *lines[1:]]
+        vocabulary = f"joint BPE vocabulary: {prepared.tokenizer.vocab_size:,} tokens"
+        return [lines[0], vocabulary, *lines[1:]]
 
     def finish(self, run_dir, result, prepared: Prepared, built: Built, train_cfg) -> list[str]:
         return [f"translate with: minitransformer translate {run_dir} \"your sentence\"",
@@ -276,24 +275,18 @@ def encode_splits(tokenizer, prepared: Prepared, model_cfg: Seq2SeqConfig,
         dropped[name] = (len(src) - len(keep), limit)
         out[name] = ([src[i] for i in keep], [tgt[i] for i in keep])
         if not keep:
-            flag = "block_size" if limit == model_cfg.block_size - 1 else "train_max_len"
-            raise NotApplicable(f"every {name} pair is longer than {limit} tokens; raise --{flag}")
+            most = {"--block_size": model_cfg.block_size - 1,
+                    "--train_max_len": data_cfg.train_max_len if name == "train" else -1}
+            raise NotApplicable(f"every {name} pair is longer than {limit} tokens; raise "
+                                f"{' and '.join(f for f, n in most.items() if n == limit)}")
     return out, dropped
-
-
-def pairs_digest(corpus) -> str:
-    """SHA-256 of a corpus's sentence pairs: the same pairs, however their files are named."""
-    digest = hashlib.sha256()
-    for src, tgt in zip(corpus.src, corpus.tgt, strict=True):
-        digest.update(f"{src}\t{tgt}\n".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
 
 
 def own_pairs(recorded: dict, corpus, source: str) -> bool:
     """Whether ``corpus`` (read from ``source``) is the run's own: the pairs it recorded
     (a moved, copied or renamed file too), or, for runs that recorded none, its name."""
     if "pairs_sha256" in recorded:
-        return recorded["pairs_sha256"] == pairs_digest(corpus)
+        return recorded["pairs_sha256"] == corpus.digest()
     own = recorded.get("source")
     return own is not None and recorded_source([source]) == recorded_source([own])
 
