@@ -145,12 +145,13 @@ def test_same_seed_same_text_and_n_choices_seeded_seed_plus_i(client, run):
     assert a.usage.completion_tokens == 24
 
 
-def test_null_for_temperature_top_p_and_n_is_their_default(url, run):
+def test_null_for_the_options_openai_takes_null_for_is_their_default(url, run):
     """OpenAI's API takes null for these (a client may send every option it has); they were
     400s while max_tokens took null."""
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "seed": 4}
     status, plain = post(url, json.dumps(body).encode())
-    nulls = {**body, "temperature": None, "top_p": None, "n": None}
+    nulls = {**body, **dict.fromkeys(("temperature", "top_p", "n", "stream", "echo",
+                                      "presence_penalty", "frequency_penalty"))}
     status_nulls, answer = post(url, json.dumps(nulls).encode())
     assert (status, status_nulls) == (200, 200), answer
     assert [c["text"] for c in answer["choices"]] == [c["text"] for c in plain["choices"]] \

@@ -75,11 +75,12 @@ class CompletionRequest(Strict):
     stop: str | list[str] | None = Field(None, description="up to 4 strings that end a choice "
                                          "(not included in its text)")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="same seed, same text")
-    stream: bool = Field(False, description="server-sent events in OpenAI's chunk format")
+    stream: bool | None = Field(False, description="server-sent events in OpenAI's chunk "
+                                "format")
     stream_options: StreamOptions | None = Field(None, description="with stream only")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                  description="top log-probabilities per token (temperature 1)")
-    echo: bool = Field(False, description="not supported: must be false")
+    echo: bool | None = Field(False, description="not supported: must be false")
     user: str | None = Field(None, description="the end user's id, for OpenAI's abuse "
                              "monitoring: accepted and not used (it changes no text)")
     # OpenAI's options that would change the text and that this server does not implement:
@@ -88,14 +89,15 @@ class CompletionRequest(Strict):
     best_of: int | None = Field(None, description="not supported: must be absent or equal n")
     logit_bias: dict[str, float] | None = Field(None, description="not supported: must be "
                                                 "absent or empty")
-    presence_penalty: float = Field(0.0, description="not supported: must be 0")
-    frequency_penalty: float = Field(0.0, description="not supported: must be 0")
+    presence_penalty: float | None = Field(0.0, description="not supported: must be 0")
+    frequency_penalty: float | None = Field(0.0, description="not supported: must be 0")
 
     @model_validator(mode="after")
     def _null_is_the_default(self):
         """OpenAI's API takes null for these (a client may send every option it has): the
         default, as if absent."""
-        for name in ("temperature", "top_p", "n"):
+        for name in ("temperature", "top_p", "n", "stream", "echo", "presence_penalty",
+                     "frequency_penalty"):
             if getattr(self, name) is None:
                 setattr(self, name, type(self).model_fields[name].default)
         return self
