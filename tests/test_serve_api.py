@@ -363,7 +363,7 @@ def test_half_a_surrogate_pair_is_refused_in_every_field_that_holds_text(url, cl
         status, answer = post(url, body, path=path)
         assert status == 400 and answer["error"]["param"] == param, answer
         assert_openai_error(answer)
-        if param != "text":  # a plain string field: pydantic's own "unable to parse" words
+        if param != "text":  # "text" (a str with a length) was refused before, in pydantic's words
             assert "surrogate pair alone: not a character" in answer["error"]["message"]
             assert not answer["error"]["message"].split(": ", 1)[1].startswith("Value error")
     still_serving(client)

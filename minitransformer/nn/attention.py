@@ -142,7 +142,9 @@ class MultiHeadAttention(nn.Module, Packable):
         ``cache`` that serves ``group`` query rows per row (rows i*g .. i*g+g-1: the beams of
         sentence i). Beam search then projects each source once, and each step attends the
         g beams of a sentence as g queries of one attention over its keys, which are read
-        once instead of once per beam (the mask is then per sentence, (B, 1, 1, Tk))."""
+        once instead of once per beam (the mask is then per sentence, (B, 1, 1, Tk)). Beam
+        search decodes its first step with one row per sentence (g = 1), then sets
+        ``cache.group`` to its beam size."""
         k, v = self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
         cache.fill(k, v)
         cache.group = group
