@@ -225,6 +225,26 @@ def test_prepare_starts_over_where_a_stopped_prepare_left_its_files(tmp_path, ti
     assert (out / MANIFEST).is_file() and not (out / ".partial").exists()
 
 
+def test_a_prepare_stopped_on_the_way_leaves_the_data_it_was_to_replace(tmp_path, tiny_corpus):
+    """prepare --force stopped while it encodes (Ctrl-C, a kill) left a folder holding only
+    .partial/: the old manifest, tokens and tokenizer went at the start."""
+    out = tmp_path / "data"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(out)]) == 0
+    before = {n: (out / n).read_bytes() for n in (MANIFEST, TOKENS, TOKENIZER)}
+    tok = CharTokenizer.fit("abc")
+
+    def pieces():
+        yield True, np.array([0, 1, 2]), None
+        raise KeyboardInterrupt  # stopped while encoding
+
+    with pytest.raises(KeyboardInterrupt):
+        shards.write_ids(pieces(), tok, out, sources=[])
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert main(["train", "--data", str(out), "--out", str(tmp_path / "run"), "--preset",
+                 "debug", "--max_iters", "1", "--eval_iters", "1", "--sample_tokens", "0",
+                 "--quiet"]) == 0  # the old data, whole
+
+
 def test_bpe_flags_on_a_char_prepare_are_refused(tmp_path, tiny_corpus, capsys):
     for flag in (["--vocab_size", "300"], ["--bpe_sample", "4"]):
         assert main(["prepare", "--data", str(tiny_corpus), "--out", str(tmp_path / "d"),

@@ -63,13 +63,12 @@ def token_dtype(vocab_size: int):
 
 class ShardWriter:
     """Token ids appended piece by piece under DATA_DIR/.partial; ``finish`` moves them into
-    place and writes the manifest last, so a stopped prepare never looks complete."""
+    place and writes the manifest last, so a stopped prepare never looks complete. The data a
+    prepare --force replaces stays whole until then: a prepare stopped on the way leaves it."""
 
     def __init__(self, out_dir, tokenizer):
         self.out, self.tokenizer = Path(out_dir), tokenizer
         self.out.mkdir(parents=True, exist_ok=True)
-        for name in (MANIFEST, TOKENS, TOKENIZER):  # the manifest first: now it is unfinished
-            (self.out / name).unlink(missing_ok=True)
         self.partial = self.out / PARTIAL
         shutil.rmtree(self.partial, ignore_errors=True)
         self.partial.mkdir()
@@ -121,6 +120,7 @@ class ShardWriter:
                     "vocab_size": self.tokenizer.vocab_size, "counts": self.counts.tolist(),
                     "sources": sources}
         del starts
+        (self.out / MANIFEST).unlink(missing_ok=True)  # the old data's, first: now unfinished
         os.replace(self.partial / TOKENS, self.out / TOKENS)
         atomic_write_json(self.out / TOKENIZER, self.tokenizer.to_dict())
         shutil.rmtree(self.partial, ignore_errors=True)
