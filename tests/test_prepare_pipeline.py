@@ -130,6 +130,10 @@ def test_workers_give_the_bytes_of_one_process_in_input_order(tmp_path, monkeypa
     with pool:
         got = [(a.tolist(), c.tolist()) for a, c in pool.map([b"ab" * i + b"b"
                                                               for i in range(30)])]
+        for worker in pool.workers:  # Ctrl-C reaches the workers too: the parent handles it
+            os.kill(worker.proc.pid, signal.SIGINT)
+        time.sleep(0.2)
+        assert all(worker.proc.poll() is None for worker in pool.workers)  # no traceback
     assert got == [([0, 1] * i + [1], [i, i + 1]) for i in range(30)]
 
 

@@ -238,7 +238,10 @@ def serve(stdin=None, stdout=None) -> None:
 
 # ---- the parent side ------------------------------------------------------------------------
 
-_BOOT = ("import sys, importlib.util as u; sys.path.pop(0); "
+# A worker ignores Ctrl-C (SIGINT reaches every process of the terminal's group): the parent
+# stops, closes the pipes, and the worker, reading end-of-file, exits without a traceback.
+_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "import sys, importlib.util as u; sys.path.pop(0); "
          "s = u.spec_from_file_location('minitransformer_encode_worker', sys.argv[1]); "
          "m = u.module_from_spec(s); s.loader.exec_module(m); m.serve()")
 
