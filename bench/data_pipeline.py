@@ -252,7 +252,7 @@ def train_part(work: Path, size: int, args) -> dict:
     vocabulary included, is the one trained on Tiny Shakespeare), prepared, then trained on."""
     corpus, dd = work / f"shakespeare-{size}mb.txt", work / f"dd-shakespeare-{size}"
     build_corpus(corpus, size, corpora=("shakespeare.txt",))
-    r = bench_prepare(corpus, dd, "char", args.workers)
+    r = bench_prepare(corpus, dd, "char", None)  # characters: looked up in one process
     out = {f"prepare char {size} MB (Shakespeare alone: ASCII)":
            {**{k: r[k] for k in ("peak_mb", "wall_s", "encode_s", "encode_mb_s")},
             "table_lookup_alone": bench_char_encode(corpus, dd)}}

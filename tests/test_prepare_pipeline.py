@@ -250,7 +250,8 @@ def test_a_prepare_stopped_on_the_way_leaves_the_data_it_was_to_replace(tmp_path
 
 
 def test_bpe_flags_on_a_char_prepare_are_refused(tmp_path, tiny_corpus, capsys):
-    for flag in (["--vocab_size", "300"], ["--bpe_sample", "4"]):
+    for flag in (["--vocab_size", "300"], ["--bpe_sample", "4"], ["--workers", "3"],
+                 ["--workers", "2", "--tokenizer", "char"]):
         assert main(["prepare", "--data", str(tiny_corpus), "--out", str(tmp_path / "d"),
                      *flag]) == 2
         assert f"{flag[0]} is for a BPE tokenizer" in capsys.readouterr().err

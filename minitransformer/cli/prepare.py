@@ -101,6 +101,10 @@ def cmd_prepare(args) -> int:
     for flag, value in (("--vocab_size", args.vocab_size), ("--bpe_sample", args.bpe_sample)):
         if value is not None and args.tokenizer in (None, "char"):
             raise UserError(f"{flag} is for a BPE tokenizer; add --tokenizer bpe")
+    kind = tokenizer.kind if tokenizer is not None else args.tokenizer or "char"
+    if (args.workers or 1) > 1 and kind == "char":  # it would run in one process, unsaid
+        raise UserError("--workers is for a BPE tokenizer: characters are looked up in this "
+                        "process")
     check_encoding_applies(args.data, args.encoding)
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
