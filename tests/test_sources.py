@@ -3,6 +3,7 @@ characters and byte-level BPE; bad Parquet and dataset folders are one-line user
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -279,8 +280,14 @@ def test_a_binary_file_in_a_folder_is_refused_by_name_by_prepare_and_train(tmp_p
     out = capsys.readouterr().out
     assert "1 document(s) of 3 file(s)" in out
     # the files left out are named, so that a reader can tell a typo from an image
-    assert f"left out 2 file(s) with no utf-8 text (binary, not utf-8, or no record with its " \
-           f"text): {folder / 'img' / 'logo.png'}, {folder / 'img' / 'z.dat'}" in out, out
+    assert f"left out 2 file(s) with no utf-8 text (binary or compressed, not utf-8, or no " \
+           f"record with its text): {folder / 'img' / 'logo.png'}, {folder / 'img' / 'z.dat'}" \
+           in out, out
+    # a compressed file is left out as a binary one is (without skip it is refused by name)
+    (folder / "img" / "notes.txt.gz").write_bytes(gzip.compress(b"some text\n"))
+    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dz"), "--errors",
+                 "skip"]) == 0
+    assert "left out 3 file(s)" in capsys.readouterr().out
 
 
 def test_an_empty_last_file_of_a_folder_is_no_val_split(tmp_path, capsys):
@@ -372,6 +379,6 @@ def test_a_json_lines_file_that_does_not_decode_is_refused_or_left_out_whole(tmp
     assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
                  "skip"]) == 0
     out = capsys.readouterr().out
-    assert f"left out 2 file(s) with no utf-8 text (binary, not utf-8, or no record with its " \
-           f"text): {folder / 'b.jsonl'}, {folder / 'c.jsonl'}" in out, out
+    assert f"left out 2 file(s) with no utf-8 text (binary or compressed, not utf-8, or no " \
+           f"record with its text): {folder / 'b.jsonl'}, {folder / 'c.jsonl'}" in out, out
     assert "2 document(s) of 4 file(s)" in out, out  # a.txt, and d.txt as an empty one

@@ -139,7 +139,7 @@ def skipped_note(paths: list[Path], encoding: str) -> str:
     shown = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more"
                                                     if len(paths) > 3 else "")
     return (f"note: --errors skip left out {len(paths)} file(s) with no {encoding} text "
-            f"(binary, not {encoding}, or no record with its text): {shown}")
+            f"(binary or compressed, not {encoding}, or no record with its text): {shown}")
 
 
 def text_head(files, read: dict, total_bytes: int) -> str:

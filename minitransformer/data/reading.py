@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import UserError
 from .sources import decodes, has_records, read_documents
 from .text import (
+    compression,
     looks_binary,
     normalize_newlines,
     refuse_binary,
@@ -75,6 +76,11 @@ def _raw_blocks(path: Path) -> Iterator[bytes]:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
 
 
+def _compressed(path: Path) -> bool:
+    """Whether ``path`` begins as a compressed file does (gzip, zip, ...)."""
+    return compression(next(iter(_raw_blocks(path)), b"")[:8]) is not None
+
+
 def _binary(path: Path, encoding: str) -> bool:
     """Whether ``path`` ``looks_binary`` (never for UTF-16 or UTF-32 text, which holds NULs)."""
     if wide_encoding(encoding):
@@ -94,9 +100,10 @@ def fold_line_ends(chunk, held, final: bool, cr, lf):
 
 def _text_blocks(path: Path, encoding: str, errors: str,
                  newline: str = "keep") -> Iterator[tuple[bool, str, int]]:
+    if errors == "skip" and (_compressed(path) or not decodes(path, encoding)
+                             or _binary(path, encoding)):
+        return  # left out whole, as a binary file is (the skip note names it)
     refuse_compressed(path)
-    if errors == "skip" and (not decodes(path, encoding) or _binary(path, encoding)):
-        return
     decoder, offset, first, held = _decoder(encoding, errors), 0, True, ""
     wide = wide_encoding(encoding)
     for raw in _with_end(_raw_blocks(path)):
