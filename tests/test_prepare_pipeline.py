@@ -167,7 +167,9 @@ def test_a_prepare_killed_at_a_random_moment_then_rerun_writes_the_same_bytes(tm
     for name in (TOKENS, TOKENIZER):
         assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
     whole = json.loads((tmp_path / "whole" / MANIFEST).read_text("utf-8"))
-    assert json.loads((out / MANIFEST).read_text("utf-8")) == whole
+    manifest = json.loads((out / MANIFEST).read_text("utf-8"))
+    assert manifest.pop("family", "gpt") == "gpt"  # the command records it; the function not
+    assert manifest == whole
     assert not (out / PARTIAL).exists()
 
 
@@ -247,6 +249,32 @@ def test_a_prepare_stopped_on_the_way_leaves_the_data_it_was_to_replace(tmp_path
     assert main(["train", "--data", str(out), "--out", str(tmp_path / "run"), "--preset",
                  "debug", "--max_iters", "1", "--eval_iters", "1", "--sample_tokens", "0",
                  "--quiet"]) == 0  # the old data, whole
+
+
+def test_data_prepared_for_one_family_is_refused_by_the_other(tmp_path, tiny_corpus, capsys):
+    """A BPE folder prepared with --model encoder holds the encoder's specials (<mask>) and
+    separators: a GPT trained on it without a word. Its manifest says whose it is; characters
+    are the same ids for both, and a folder prepared before it was recorded still reads."""
+    quick = ["--preset", "debug", "--max_iters", "1", "--eval_iters", "1", "--sample_tokens",
+             "0", "--quiet"]
+    for made, other in (("encoder", "gpt"), ("gpt", "encoder")):
+        data = tmp_path / f"{made}-bpe"
+        assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data), "--model", made,
+                     "--tokenizer", "bpe", "--vocab_size", "300"]) == 0
+        assert json.loads((data / MANIFEST).read_text(encoding="utf-8"))["family"] == made
+        capsys.readouterr()
+        assert main(["train", "--data", str(data), "--model", other, "--out",
+                     str(tmp_path / f"refused-{made}"), *quick]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"was prepared for --model {made} runs: its tokenizer and the "
+                            f"tokens between its documents are theirs; train with --model "
+                            f"{made}, or prepare the text again with --model {other}"), err
+        assert main(["train", "--data", str(data), "--model", made, "--out",
+                     str(tmp_path / f"trained-{made}"), *quick]) == 0
+    data = tmp_path / "encoder-char"
+    assert main(["prepare", "--data", str(tiny_corpus), "--out", str(data), "--model",
+                 "encoder"]) == 0
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "char-gpt"), *quick]) == 0
 
 
 def test_bpe_flags_on_a_char_prepare_are_refused(tmp_path, tiny_corpus, capsys):

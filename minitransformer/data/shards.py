@@ -298,6 +298,16 @@ def is_intact(path) -> bool:
     return True
 
 
+def record_family(data_dir, family: str) -> dict:
+    """Write into a DATA_DIR's manifest (whole again, atomically) which family's runs it was
+    prepared for: their special tokens are in its tokenizer and between its documents.
+    Returns the manifest."""
+    path = Path(data_dir) / MANIFEST
+    manifest = {**read_json_object(path), "family": family}
+    atomic_write_json(path, manifest)
+    return manifest
+
+
 def open_shards(data_dir) -> tuple[dict, TokenStream, TokenStream]:
     """(manifest, train ids, val ids) of a DATA_DIR, memory-mapped."""
     folder = Path(data_dir)

@@ -25,7 +25,7 @@ from ..data.cache import (
     recorded_source,
 )
 from ..data.prepare import prepare_corpus
-from ..data.shards import TOKENIZER, is_prepared, joined, open_shards
+from ..data.shards import TOKENIZER, is_prepared, joined, open_shards, record_family
 from ..data.sources import check_text_field, source_files
 from ..errors import UserError
 from ..tokenizers import UnknownCharactersError, load_tokenizer
@@ -201,6 +201,12 @@ class StreamFamily(Family):
         """A DATA_DIR written by ``prepare``: its tokenizer and memory-mapped splits."""
         manifest, train_ids, val_ids = open_shards(source)
         tokenizer = load_tokenizer(Path(source) / "tokenizer.json")
+        family = manifest.get("family", self.name)  # None: prepared before it was recorded
+        if family != self.name and tokenizer.kind != "char":  # characters: the same ids
+            raise NotApplicable(f"{source} was prepared for --model {family} runs: its "
+                                f"tokenizer and the tokens between its documents are theirs; "
+                                f"train with --model {family}, or prepare the text again with "
+                                f"--model {self.name}")
         if kind is not None and not tokenizer.kind.startswith(kind.split("-")[0]):
             raise NotApplicable(f"--tokenizer {kind}: {source} was prepared with a "
                                 f"{tokenizer.kind} tokenizer (drop --tokenizer)")
@@ -218,8 +224,9 @@ class StreamFamily(Family):
                     **options) -> dict:
         """``minitransformer prepare`` for this family: its special tokens known up front, its
         separator between documents (see ``data/prepare.py`` for the options)."""
-        return prepare_corpus(sources, out, kind, vocab, special_tokens=self.special_tokens,
-                              bpe_separator=self.separator(options.get("tokenizer")), **options)
+        prepare_corpus(sources, out, kind, vocab, special_tokens=self.special_tokens,
+                       bpe_separator=self.separator(options.get("tokenizer")), **options)
+        return record_family(out, self.name)  # train checks it (``_open_prepared``)
 
     def _encode(self, text: str, tokenizer, source: str | list[str], encoding: str,
                 newline: str, crlf: int, text_field: str = "text") -> Prepared:
