@@ -364,21 +364,27 @@ def test_a_run_whose_folder_no_longer_reads_a_file_says_so(tmp_path, capsys):
     assert f"trained on {hidden}, which its folder no longer reads" in capsys.readouterr().err
 
 
-def test_a_json_lines_file_that_does_not_decode_is_refused_or_left_out_whole(tmp_path, capsys):
+def test_a_json_lines_line_that_does_not_decode_is_named_or_left_out_alone(tmp_path, capsys):
     """A JSONL file with bytes that are not UTF-8 was an internal UnicodeDecodeError, with
-    --errors skip too. Now it is refused by name, or left out whole and named; a JSONL file
-    without a record of text is named too, and an empty text file is not."""
+    --errors skip too; then it was refused by its name alone, or left out whole, its good
+    records with it. Now the line is named, or left out alone as a record without its text
+    is; a JSONL file without a record of text is named, and an empty text file is not."""
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / "a.txt").write_text("hello world text\n" * 50, encoding="utf-8")
-    (folder / "b.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')  # Latin-1
+    (folder / "b.jsonl").write_bytes(b'{"text": "fine"}\r\n{"text": "caf\xe9"}\n'
+                                     b'{"text": "also fine"}\n')  # line 2: Latin-1
     (folder / "c.jsonl").write_text('{"body": "no text field"}\n', encoding="utf-8")
     (folder / "d.txt").write_text("", encoding="utf-8")
     err = _prepare_fails(folder / "b.jsonl", capsys, tmp_path)
-    assert "b.jsonl: not valid utf-8" in err and "--errors replace|skip" in err, err
+    assert err.strip().endswith("b.jsonl:2: not valid utf-8 at character 14 of the line; pass "
+                                "--encoding, or --errors replace|skip"), err
     assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "dd"), "--errors",
                  "skip"]) == 0
     out = capsys.readouterr().out
-    assert f"left out 2 file(s) with no utf-8 text (binary or compressed, not utf-8, or no " \
-           f"record with its text): {folder / 'b.jsonl'}, {folder / 'c.jsonl'}" in out, out
-    assert "2 document(s) of 4 file(s)" in out, out  # a.txt, and d.txt as an empty one
+    assert f"left out 1 file(s) with no utf-8 text (binary or compressed, not utf-8, or no " \
+           f"record with its text): {folder / 'c.jsonl'}" in out, out
+    assert "4 document(s) of 4 file(s)" in out, out  # a.txt, b's two good records, d.txt
+    assert main(["prepare", "--data", str(folder / "b.jsonl"), "--out", str(tmp_path / "dl"),
+                 "--encoding", "latin-1"]) == 0  # its own encoding: every line reads
+    assert "3 document(s)" in capsys.readouterr().out

@@ -270,22 +270,45 @@ def decodes(path: Path, encoding: str) -> bool:
 
 
 def _jsonl(path: Path, field: str, encoding: str, errors: str) -> Iterator[Document]:
-    if errors == "skip" and not decodes(path, encoding):
-        return  # left out whole, as a text file that does not decode
+    """The records of a JSON Lines file. Bytes that do not decode are found line by line
+    (read as lone surrogates, which decoded text never holds), so that the line is named
+    (``file:line``) or, under --errors skip, left out alone as a record without its text is.
+    In UTF-16 and UTF-32 such bytes may not be found so: then the file is named, and skip
+    leaves it out whole."""
+    if wide_encoding(encoding) and errors == "skip" and not decodes(path, encoding):
+        return
     try:
-        f = open(path, encoding=encoding, errors="replace" if errors == "replace" else "strict")
+        f = open(path, encoding=encoding,
+                 errors="replace" if errors == "replace" else "surrogateescape")
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     with f:
         try:
-            yield from _jsonl_records(f, path, field, errors)
+            yield from _jsonl_records(_decoded_lines(f, path, encoding, errors), path, field,
+                                      errors)
         except UnicodeDecodeError:
             raise UserError(f"{path}: not valid {encoding}; pass --encoding, or --errors "
                             f"replace|skip") from None
 
 
-def _jsonl_records(f, path: Path, field: str, errors: str) -> Iterator[Document]:
+_UNDECODED = re.compile("[\udc80-\udcff]")  # a byte surrogateescape could not decode
+
+
+def _decoded_lines(f, path: Path, encoding: str, errors: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line that decodes; one that does not is a UserError
+    naming it, or under --errors skip left out."""
     for lineno, line in enumerate(f, 1):
+        bad = _UNDECODED.search(line)
+        if bad is None:
+            yield lineno, line
+        elif errors != "skip":
+            raise UserError(f"{path}:{lineno}: not valid {encoding} at character "
+                            f"{bad.start() + 1} of the line; pass --encoding, or --errors "
+                            f"replace|skip")
+
+
+def _jsonl_records(lines, path: Path, field: str, errors: str) -> Iterator[Document]:
+    for lineno, line in lines:
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # a byte order mark, as for .txt files
         if not line.strip():
