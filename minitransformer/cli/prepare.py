@@ -23,8 +23,10 @@ from .flags import add_tokenizer_flag, positive_int
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "prepare", help="tokenize a corpus once into memory-mapped shards (DATA_DIR)",
-        description="Read text files, folders of them, globs or JSONL (one document per line, "
-                    "its --text_field), fit the tokenizer, and write DATA_DIR: tokens.bin, "
+        description="Read text files, folders of them, globs, JSONL (one document per line, "
+                    "its --text_field), Parquet or Arrow files and datasets save_to_disk "
+                    "folders (one document per row), fit the tokenizer, and write DATA_DIR: "
+                    "tokens.bin, "
                     "tokenizer.json, manifest.json. train --data DATA_DIR then reads windows "
                     "from the memory map, whatever the corpus size.")
     p.add_argument("--data", action="extend", nargs="+", metavar="SOURCE",
