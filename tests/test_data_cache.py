@@ -71,6 +71,23 @@ def test_clear_cache_removes_it_and_says_what_it_freed(monkeypatch, tmp_path):
     assert not (tmp_path / "c").exists() and "2.0 MB freed" in lines[-1]
 
 
+def test_clear_cache_alone_refuses_the_flags_of_a_prepare(monkeypatch, tmp_path, capsys):
+    """prepare --clear_cache --force (or --tokenizer ...) emptied the cache and ignored the
+    rest; half a prepare (--data without --out) emptied it, then stopped."""
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path / "c"))
+    folder = tmp_path / "c" / "tokens" / "k"
+    folder.mkdir(parents=True)
+    (folder / "tokens.bin").write_bytes(b"\0" * 10)
+    for extra, said in ((["--force"], "--force belong(s) to a prepare"),
+                        (["--tokenizer", "bpe", "--workers", "2"], "--tokenizer, --workers"),
+                        (["--data", "x.txt"], "needs --data SOURCE and --out DATA_DIR")):
+        assert main(["prepare", "--clear_cache", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, err
+        assert (folder / "tokens.bin").exists()  # the cache as it was
+    assert main(["prepare", "--clear_cache"]) == 0 and not (tmp_path / "c").exists()
+
+
 # ---- train --data FILE: prepared into the cache, the same losses as the in-memory path -------
 
 ENGLISH = "To be, or not to be: that is the question.\r\nWhether 'tis nobler in the mind.\r\n" * 60

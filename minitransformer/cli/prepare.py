@@ -70,6 +70,7 @@ def add_parser(sub) -> None:
                    help="empty the cache that train --data FILE prepares into, first (alone: "
                         "only that)")
     p.set_defaults(func=cmd_prepare)
+    p.set_defaults(given_alone=vars(p.parse_args([])))  # every flag's default: --clear_cache's
 
 
 # the families prepare writes for (not the encoder-decoder's sentence pairs)
@@ -77,10 +78,14 @@ PREPARED_FAMILIES = [n for n, f in FAMILIES.items() if "char" in f.tokenizers]
 
 
 def cmd_prepare(args) -> int:
-    if args.clear_cache:
+    if args.clear_cache and args.data is None and args.out is None:
+        others = [f"--{k}" for k, v in args.given_alone.items()
+                  if k not in ("func", "clear_cache", "given_alone") and getattr(args, k) != v]
+        if others:  # they would be ignored
+            raise UserError(f"--clear_cache alone only empties the cache; {', '.join(others)} "
+                            f"belong(s) to a prepare: give --data and --out too")
         clear_cache(echo=print)
-        if args.data is None and args.out is None:
-            return 0
+        return 0
     if args.data is None or args.out is None:
         raise UserError("prepare needs --data SOURCE and --out DATA_DIR (or --clear_cache "
                         "alone)")
@@ -108,6 +113,8 @@ def cmd_prepare(args) -> int:
         raise UserError("--workers is for a BPE tokenizer: characters are looked up in this "
                         "process")
     check_encoding_applies(args.data, args.encoding)
+    if args.clear_cache:  # first, once the command is known to be a whole one
+        clear_cache(echo=print)
     family.prepare_dir(args.data, out, args.tokenizer, args.vocab_size,
                        text_field=args.text_field, val_fraction=args.val_fraction,
                        encoding=args.encoding, errors=args.errors, workers=args.workers,
