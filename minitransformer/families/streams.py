@@ -201,7 +201,7 @@ class StreamFamily(Family):
         """A DATA_DIR written by ``prepare``: its tokenizer and memory-mapped splits."""
         manifest, train_ids, val_ids = open_shards(source)
         tokenizer = load_tokenizer(Path(source) / "tokenizer.json")
-        family = manifest.get("family", self.name)  # None: prepared before it was recorded
+        family = manifest.get("family", self.name)  # absent: prepared before it was recorded
         if family != self.name and tokenizer.kind != "char":  # characters: the same ids
             raise NotApplicable(f"{source} was prepared for --model {family} runs: its "
                                 f"tokenizer and the tokens between its documents are theirs; "
