@@ -77,8 +77,12 @@ def _raw_blocks(path: Path) -> Iterator[bytes]:
 
 
 def _compressed(path: Path) -> bool:
-    """Whether ``path`` begins as a compressed file does (gzip, zip, ...)."""
-    return compression(next(iter(_raw_blocks(path)), b"")[:8]) is not None
+    """Whether ``path`` begins as a compressed file does (gzip, zip, ...): its first bytes."""
+    try:
+        with open(path, "rb") as f:
+            return compression(f.read(8)) is not None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
 
 
 def _binary(path: Path, encoding: str) -> bool:
