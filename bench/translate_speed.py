@@ -13,8 +13,10 @@ generated tokens per sentence (not per beam). Greedy search keeps the tokens alo
 sides, as ``translate`` does (``scores=False``; ``generate`` computes no scores unless asked).
 fp32, every core, the paths take turns (``--rounds``), medians.
 
-Ours decodes inside one ``decoding_weights`` scope for all rounds, as ``translate`` does for
-all the batches of a file (``translate_many``): the weights are packed once, not per batch.
+Ours decodes inside one ``decoding_weights`` scope for all rounds, and with one
+``StoragePool`` for its KV caches, as ``translate`` does for all the batches of a file
+(``translate_many``): the weights are packed once, and the caches' storage allocated once,
+not per batch.
 That one-time packing is timed and printed apart, and so is which kernel the products of each
 row count took (``nn.kernels.measured_product``): ours decodes untimed batches first until
 its kernels are chosen (the encoder's in about eight), Hugging Face's one.
@@ -35,6 +37,7 @@ from minitransformer.models import Seq2SeqTransformer
 from minitransformer.models.decoding import beam_search, greedy_decode, pad_batch
 from minitransformer.models.generation import decoding_weights
 from minitransformer.nn import kernels as kernels_mod
+from minitransformer.nn.kv_cache import StoragePool
 from minitransformer.presets import SEQ2SEQ
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,14 +85,16 @@ def source_batch(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
     return pad_batch(rows, PAD)
 
 
-def run_ours(model, src: torch.Tensor, beam: int, steps: int) -> float:
+def run_ours(model, src: torch.Tensor, beam: int, steps: int,
+             storage: StoragePool | None = None) -> float:
     """Seconds for ``steps`` decoder steps per sentence (steps - 1 tokens, then </s>)."""
     t0 = time.perf_counter()
     if beam == 1:
-        out = greedy_decode(model, src, max_len=steps - 1, min_len=steps - 1, scores=False)
+        out = greedy_decode(model, src, max_len=steps - 1, min_len=steps - 1, scores=False,
+                            storage=storage)
     else:
         out = beam_search(model, src, beam, max_len=steps - 1, length_penalty=0.6,
-                          min_len=steps - 1)
+                          min_len=steps - 1, storage=storage)
     dt = time.perf_counter() - t0
     assert all(len(t) == steps - 1 for t in out.tokens)
     return dt
@@ -116,6 +121,7 @@ def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
     s = sizes(preset)
     ours, hf = build_ours(s), build_marian(s)
     src = source_batch(batch, s["vocab_size"])
+    storage = StoragePool()  # our caches' storage, for every round
     t0 = time.perf_counter()
     with decoding_weights(ours):  # once for every round, as for the batches of a file
         result = {"pack_seconds": time.perf_counter() - t0}
@@ -123,13 +129,13 @@ def compare(preset: str, beams=(1, 4), rounds: int = 3, steps: int = 32,
             for beam in beams:           # chosen (nn.kernels.measured_product: the encoder's
                 run_hf(hf, src, beam, steps)  # takes a few batches)
                 for _ in range(WARM_UP_BATCHES):
-                    run_ours(ours, src, beam, steps)
+                    run_ours(ours, src, beam, steps, storage)
                     if not kernels_mod.choice_for(ours).trials:
                         break
         for beam in beams:
             times = {"ours": [], "hf": []}
             for _ in range(rounds):
-                times["ours"].append(run_ours(ours, src, beam, steps))
+                times["ours"].append(run_ours(ours, src, beam, steps, storage))
                 times["hf"].append(run_hf(hf, src, beam, steps))
             result[beam] = {k: batch * steps / statistics.median(v) for k, v in times.items()}
             result[beam]["runs"] = times

@@ -14,6 +14,7 @@ from minitransformer.nn import (
     KVCache,
     MultiHeadAttention,
     RotaryEmbedding,
+    StoragePool,
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
@@ -204,6 +205,40 @@ def test_clearing_a_filled_cache_leaves_the_source_keys_alone():
     cache.clear()
     cache.fill(k, v)  # and it can take the source's keys again
     assert cache.length == 5
+
+
+def test_storage_pool_lends_a_released_caches_storage_to_the_next_cache():
+    pool = StoragePool()
+    ks = torch.randn(6, 2, 3, 4)  # (B, nkv, T, hs)
+    first = KVCache(capacity=8, storage=pool)
+    first.update(ks, -ks)
+    first.reorder(torch.tensor([5, 0, 1, 2, 3, 4]))  # its spare: a second pair
+    torch.testing.assert_close(first.k, ks[[5, 0, 1, 2, 3, 4]])
+    addresses = {first._k.data_ptr(), first._spare[0].data_ptr()}
+    assert pool.made == 2 and len(addresses) == 2
+    first.release()
+    assert first.k is None and first.length == 0
+    for k, v in pool._free:  # nothing a later cache reads may come from the last one
+        k.fill_(float("nan"))
+        v.fill_(float("nan"))
+    second = KVCache(capacity=8, storage=pool)  # fewer rows: the first rows of a kept pair
+    second.update(ks[:4], -ks[:4])
+    second.reorder(torch.tensor([3, 3, 1]))  # fewer again: the other pair's first rows
+    assert {second._k.data_ptr(), second._spare[0].data_ptr()} == addresses
+    assert pool.made == 2
+    torch.testing.assert_close(second.k, ks[[3, 3, 1]])
+    torch.testing.assert_close(second.v, -ks[[3, 3, 1]])
+    second.update(ks[:3, :, :1], ks[:3, :, :1])
+    torch.testing.assert_close(second.k[:, :, 3], ks[:3, :, 0])
+    second.release()
+    third = KVCache(capacity=8, storage=pool)  # more rows: new pairs, which replace the old
+    third.update(torch.randn(7, 2, 3, 4), torch.randn(7, 2, 3, 4))
+    third.reorder(torch.arange(7))
+    third.release()
+    assert pool.made == 4 and len(pool._free) == 2
+    other = KVCache(capacity=100, storage=pool)  # another capacity: a pair of its own
+    other.update(ks, ks)
+    assert pool.made == 5 and other._k.shape[2] == 100
 
 
 # ---- MultiHeadAttention == torch.nn.MultiheadAttention with the same weights ------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minitransformer.config import Seq2SeqConfig
-from minitransformer.models import Seq2SeqTransformer
+from minitransformer.models import Seq2SeqTransformer, decoding
 from minitransformer.models.decoding import (
     beam_search,
     greedy_decode,
@@ -16,6 +16,7 @@ from minitransformer.models.decoding import (
     pad_batch,
     translate_many,
 )
+from minitransformer.nn import StoragePool
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -253,3 +254,41 @@ def test_first_step_decodes_one_row_per_sentence():
         assert rows[0] == 5 and rows[1] == 20
         assert got.tokens == want.tokens
         assert got.scores == pytest.approx(want.scores, abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_storage_kept_between_calls_decodes_as_new_storage(beam):
+    model = make_model(seed=3)
+    pool = StoragePool()
+    for seed, n in ((1, 6), (2, 3), (3, 6), (4, 8)):
+        src = sources(n, 17, seed=seed)
+        if beam == 1:
+            want = greedy_decode(model, src, max_len=9)
+            got = greedy_decode(model, src, max_len=9, storage=pool)
+        else:
+            want = beam_search(model, src, beam_size=beam, max_len=9)
+            got = beam_search(model, src, beam_size=beam, max_len=9, storage=pool)
+        assert got.tokens == want.tokens
+        assert got.scores == pytest.approx(want.scores, abs=1e-5)
+        for k, v in pool._free:  # the next call must not read what this one left
+            k.fill_(float("nan"))
+            v.fill_(float("nan"))
+    assert pool.made > 0 and not pool._lent  # every cache gave its storage back
+
+
+def test_translate_many_allocates_cache_storage_once_for_all_batches(monkeypatch):
+    model = make_model(seed=5)
+    src = sources(4, 17, seed=5)
+    one = StoragePool()
+    beam_search(model, src, beam_size=3, max_len=7, storage=one)
+    pools = []
+
+    class Kept(StoragePool):
+        def __init__(self):
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(decoding, "StoragePool", Kept)
+    rows = [[t for t in row.tolist() if t != PAD] for row in src]
+    translate_many(model, rows * 3, beam_size=3, max_len=7, batch_size=4)
+    assert len(pools) == 1 and pools[0].made == one.made  # three batches, one batch's storage

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..nn.kv_cache import StoragePool
 from .generation import inference_scope
 
 
@@ -122,6 +123,14 @@ def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: 
     return _apply_rules(logp, model.config, step, limits, min_len)
 
 
+def _release(cache) -> None:
+    """Hand every cache's storage back to the pool it came from (the end of a call)."""
+    if cache is not None:
+        for self_cache, cross_cache in cache:
+            self_cache.release()
+            cross_cache.release()
+
+
 def _select_rows(rows: torch.Tensor, cache, sentences: torch.Tensor | None = None) -> None:
     """Keep these ``rows`` of every self-attention cache, and these ``sentences`` of every
     cross-attention cache (None: the cross caches stay as they are)."""
@@ -134,7 +143,8 @@ def _select_rows(rows: torch.Tensor, cache, sentences: torch.Tensor | None = Non
 
 @torch.no_grad()
 def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
-                  use_cache: bool = True, min_len: int = 0, scores: bool = True) -> Decoded:
+                  use_cache: bool = True, min_len: int = 0, scores: bool = True,
+                  storage: StoragePool | None = None) -> Decoded:
     """Pick the most likely token at every step; src (B, S) right-padded with pad_id.
 
     Sentences that have produced </s> leave the batch, so the rest run faster.
@@ -143,14 +153,15 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     with them the log-softmax over the vocabulary, about 4% of a small model's step
     (``translate`` keeps only the tokens). Beam search ranks log-probabilities, so where two
     tokens tie to within rounding after the log-softmax, beam size 1 may break the tie
-    otherwise.
+    otherwise. ``storage``: the KV caches' storage, kept from call to call
+    (``translate_many`` keeps one for all its batches); None: new for this call.
     """
     c = model.config
     with inference_scope(model, use_cache):
         b = src.shape[0]
         limits = output_limit(model, src, max_len, min_len)  # (B,)
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
-        cache = model.new_cache() if use_cache else None
+        cache = model.new_cache(storage) if use_cache else None
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         alive = torch.arange(b, device=src.device)  # which sentence each row is
         total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
@@ -178,16 +189,18 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
             tokens, alive, total, limits = tokens[keep], alive[keep], total[keep], limits[keep]
             memory, src_mask = memory[keep], src_mask[keep]
             _select_rows(keep, cache, keep)
+        _release(cache)
         return Decoded(out, found if scores else None)
 
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | None = None,
                 length_penalty: float = 0.0, use_cache: bool = True,
-                min_len: int = 0) -> Decoded:
+                min_len: int = 0, storage: StoragePool | None = None) -> Decoded:
     """Beam search with K = beam_size beams per sentence; src (B, S) right-padded.
 
     Scores are log-probabilities divided by lp(length) (see the module docstring).
+    ``storage``: the KV caches' storage, as for ``greedy_decode``.
     """
     c = model.config
     k = beam_size
@@ -197,7 +210,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         b, dev = src.shape[0], src.device
         limits = output_limit(model, src, max_len, min_len)  # (B,) per sentence
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
-        cache = model.new_cache() if use_cache else None
+        cache = model.new_cache(storage) if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
             for layer, (_, cross_cache) in zip(model.decoder.layers, cache, strict=True):
                 layer.cross_attn.fill_cache(cross_cache, memory)
@@ -267,6 +280,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 by = keep if cache is not None else keep_rows  # memory per sentence or beam
                 memory, src_mask = memory[by], src_mask[by]
                 _select_rows(keep_rows, cache, keep)
+        _release(cache)
         return Decoded(out, best.tolist())
 
 
@@ -291,15 +305,17 @@ def translate_many(model, sources: list[list[int]], beam_size: int = 1,
     device = device or next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
+    storage = StoragePool()  # the caches' storage, allocated once for every batch
     with inference_scope(model):  # the weights packed once for every batch
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad_batch([sources[i] for i in chunk], model.config.pad_id, device)  # (B, S)
             if beam_size <= 1:
-                decoded = greedy_decode(model, src, max_len, min_len=min_len, scores=False)
+                decoded = greedy_decode(model, src, max_len, min_len=min_len, scores=False,
+                                        storage=storage)
             else:
                 decoded = beam_search(model, src, beam_size, max_len, length_penalty,
-                                      min_len=min_len)
+                                      min_len=min_len, storage=storage)
             for i, toks in zip(chunk, decoded.tokens, strict=True):
                 results[i] = toks
             if progress is not None:

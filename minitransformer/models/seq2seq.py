@@ -26,7 +26,7 @@ from torch import nn
 from ..config import Seq2SeqConfig
 from ..nn.block import Decoder, Encoder, Internals
 from ..nn.init import init_weights
-from ..nn.kv_cache import KVCache
+from ..nn.kv_cache import KVCache, StoragePool
 from ..nn.linear import Linear
 from ..nn.mask import key_padding_mask
 from .gpt import absolute_positions
@@ -106,9 +106,10 @@ class Seq2SeqTransformer(nn.Module):
         """Number of parameters, shared (tied) ones counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
-        """(self-attention, cross-attention) caches, one pair per decoder layer."""
-        return self.decoder.new_cache()
+    def new_cache(self, storage: StoragePool | None = None) -> list[tuple[KVCache, KVCache]]:
+        """(self-attention, cross-attention) caches, one pair per decoder layer; ``storage``:
+        kept from earlier caches (``nn.kv_cache.StoragePool``), or None for new."""
+        return self.decoder.new_cache(storage=storage)
 
     def embed(self, ids: torch.Tensor, offset: int = 0):
         """E[ids] * sqrt(d_model) + PE: (B, T) -> (B, T, C); also the token and position parts."""

@@ -3,7 +3,7 @@
 from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .block import Decoder, DecoderBlock, Encoder, EncoderBlock, Internals
 from .feedforward import FeedForward
-from .kv_cache import KVCache
+from .kv_cache import KVCache, StoragePool
 from .mask import causal_mask, key_padding_mask, padding_mask
 from .positional import (
     ALiBi,
@@ -16,6 +16,6 @@ from .positional import (
 __all__ = [
     "ALiBi", "Decoder", "DecoderBlock", "Encoder", "EncoderBlock", "FeedForward", "Internals",
     "KVCache", "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
-    "SinusoidalPositionalEncoding", "alibi_slopes", "causal_mask", "key_padding_mask",
-    "padding_mask", "scaled_dot_product_attention",
+    "SinusoidalPositionalEncoding", "StoragePool", "alibi_slopes", "causal_mask",
+    "key_padding_mask", "padding_mask", "scaled_dot_product_attention",
 ]

@@ -22,7 +22,7 @@ from torch import nn
 
 from .attention import AttnImpl, MultiHeadAttention
 from .feedforward import Activation, make_feedforward
-from .kv_cache import KVCache
+from .kv_cache import KVCache, StoragePool
 from .linear import Packable, drop_attribute
 from .norm import Norm, make_norm
 from .positional import ALiBi, PosEncoding, RotaryEmbedding
@@ -247,10 +247,13 @@ class Decoder(nn.Module):
         self.final_norm = make_norm(norm, d_model, layer_norm_eps) \
             if norm_position == "pre" else nn.Identity()
 
-    def new_cache(self, capacity: int = 0) -> list[tuple[KVCache, KVCache]]:
+    def new_cache(self, capacity: int = 0, storage: StoragePool | None = None,
+                  ) -> list[tuple[KVCache, KVCache]]:
         """One (self, cross) cache pair per layer for incremental decoding; ``capacity``:
-        the positions a self-attention cache's first storage holds at least."""
-        return [(KVCache(capacity), KVCache()) for _ in self.layers]
+        the positions a self-attention cache's first storage holds at least; ``storage``:
+        where the self-attention caches' storage comes from (``KVCache.release`` gives it
+        back), or new. The cross-attention caches keep the source's keys as projected."""
+        return [(KVCache(capacity, storage), KVCache()) for _ in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,

@@ -41,8 +41,9 @@ class KVCache:
     tokens: 2.19-2.36 s against 2.20-2.26 s).
     """
 
-    def __init__(self, capacity: int = 0):
+    def __init__(self, capacity: int = 0, storage: StoragePool | None = None):
         self.capacity = capacity
+        self.storage = storage  # where new storage comes from and ``release`` returns it
         self._k: torch.Tensor | None = None  # (B, nkv, capacity, hs)
         self.borrowed = False  # the storage is ``fill``'s views of another tensor
         self._v: torch.Tensor | None = None
@@ -67,10 +68,12 @@ class KVCache:
         if self._k is None or t1 > self._k.shape[2]:
             cap = max(t1, 2 * (0 if self._k is None else self._k.shape[2]), self.capacity, 64)
             b, nkv, _, hs = k.shape
-            new_k, new_v = k.new_empty(b, nkv, cap, hs), v.new_empty(b, nkv, cap, hs)
+            new_k, new_v = self._take((b, nkv, cap, hs), k)
             if self._k is not None:
                 new_k[:, :, :t0] = self._k[:, :, :t0]
                 new_v[:, :, :t0] = self._v[:, :, :t0]
+                if not self.borrowed:
+                    self._give((self._k, self._v))
             self._k, self._v = new_k, new_v
         self._k[:, :, t0:t1] = k  # (B, nkv, T, hs)
         self._v[:, :, t0:t1] = v
@@ -109,13 +112,17 @@ class KVCache:
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): index (B',). Beam search reorders every step, so
         the filled positions of the chosen rows are gathered into a second buffer kept from
-        the previous reorder (no fresh allocation each step), and the two buffers swap."""
+        the previous reorder (no fresh allocation each step; the first B' rows of a larger
+        one where sentences have finished), and the two buffers swap."""
         if self._k is None:
             return
         shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
         spare = self._spare
-        if spare is None or spare[0].shape != shape or spare[0].dtype != self._k.dtype:
-            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
+        if spare is not None and not _fits(spare[0], shape, self._k):
+            self._give(spare)
+            spare = None
+        spare = self._take(shape, self._k) if spare is None else \
+            (spare[0][: shape[0]], spare[1][: shape[0]])
         n = self.length  # only the filled positions are copied
         torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
         torch.index_select(self._v[:, :, :n], 0, index, out=spare[1][:, :, :n])
@@ -123,6 +130,26 @@ class KVCache:
         self._spare = None if self.borrowed else (self._k, self._v)
         self._k, self._v = spare  # (B', nkv, capacity, hs)
         self.borrowed = False
+
+    def release(self) -> None:
+        """Empty the cache, and hand its storage to ``storage`` for the next cache to take
+        (the end of a decoding call); without ``storage`` this is ``clear`` and more."""
+        if not self.borrowed and self._k is not None:
+            self._give((self._k, self._v))
+        if self._spare is not None:
+            self._give(self._spare)
+        self._k = self._v = self._spare = None
+        self.borrowed, self.length, self._bias = False, 0, None
+
+    def _take(self, shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Storage for keys and values of ``shape``, ``like``'s dtype and device."""
+        if self.storage is not None:
+            return self.storage.take(shape, like)
+        return like.new_empty(shape), like.new_empty(shape)
+
+    def _give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if self.storage is not None:
+            self.storage.give(pair)
 
     def drop_front(self, n: int, rekey=None, after: int = 0) -> None:
         """Forget the oldest ``n`` positions after the first ``after`` (a context shift; the
@@ -138,3 +165,53 @@ class KVCache:
             self._k[:, :, a:a + moved] = rekey(k) if rekey is not None else k.clone()
             self._v[:, :, a:a + moved] = self._v[:, :, a + n: self.length].clone()
         self.length = a + moved
+
+
+def _fits(held: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> bool:
+    """Whether ``held``'s first rows can serve as storage of ``shape`` like ``like`` (a
+    tensor made in inference mode can be written only there)."""
+    return held.shape[1:] == shape[1:] and held.shape[0] >= shape[0] \
+        and held.dtype == like.dtype and held.device == like.device \
+        and (not held.is_inference() or torch.is_inference_mode_enabled())
+
+
+class StoragePool:
+    """Self-attention cache storage kept from one decoding call for the next.
+
+    A cache's storage is large (a beam search of 32 sentences x 4 beams at cpu-small's sizes:
+    4 MB per layer for keys, as much for values, twice over for reordering), and storage
+    that large, freshly allocated, reaches the program as untouched pages of memory: the
+    operating system maps each on its first write. Translating one batch after another
+    allocated it anew for each, 7,000-12,000 page faults per cpu-small beam-4 batch; taken
+    from the batch before, the batch takes none, and 15-20% less time (docs/BENCHMARKS.md,
+    "Translation speed"). ``translate_many`` keeps one pool for all its batches.
+
+    Storage is kept in key/value pairs. ``take`` hands out the first rows of the smallest
+    pair that has enough rows and the same other sizes, or a new pair; ``give`` takes back
+    the whole pair a view was cut from. A new pair replaces the kept pairs with its other
+    sizes and fewer rows, which it can serve in their place once given back: the pool holds
+    about one pair per cache and capacity in use, never one per batch.
+    """
+
+    def __init__(self):
+        self._free: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._lent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by address: whole pair
+        self.made = 0  # pairs allocated so far
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Keys and values storage of ``shape`` (B, nkv, capacity, hs), like ``like``."""
+        fits = [i for i, (k, _) in enumerate(self._free) if _fits(k, shape, like)]
+        if fits:
+            pair = self._free.pop(min(fits, key=lambda i: self._free[i][0].shape[0]))
+        else:
+            self._free = [p for p in self._free  # those the new pair will serve in their place
+                          if not (_fits(p[0], (0, *shape[1:]), like) and p[0].shape[0] < shape[0])]
+            pair = (like.new_empty(shape), like.new_empty(shape))
+            self.made += 1
+        self._lent[pair[0].data_ptr()] = pair
+        return pair[0][: shape[0]], pair[1][: shape[0]]  # the first rows: the same address
+
+    def give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep this storage (a cache no longer uses it) for a later ``take``: the whole
+        pair it was cut from, where it came from ``take``."""
+        self._free.append(self._lent.pop(pair[0].data_ptr(), pair))
