@@ -194,6 +194,23 @@ def test_kv_cache_keeps_each_heads_keys_contiguous():
     torch.testing.assert_close(source.k, projected.transpose(1, 2))
 
 
+@pytest.mark.parametrize("step", ["fill_cache", "forward"])
+def test_cross_attention_keeps_the_source_keys_head_major(step):
+    # read at every decoding step: each (row, head) one block, as in the self-attention cache
+    attn = MultiHeadAttention(D, NH, cross=True).eval()
+    x, ctx = torch.randn(2, 1, D), torch.randn(2, 7, D)
+    cache = KVCache()
+    with torch.no_grad():
+        if step == "fill_cache":
+            attn.fill_cache(cache, ctx)
+        else:
+            y, _ = attn(x, ctx, cache=cache)
+            torch.testing.assert_close(y, attn(x, ctx)[0])
+        k, v = attn.keys_values(ctx, offset=0, rotate=False)  # (B, nkv, Tk, hs)
+    assert cache.k.is_contiguous() and cache.v.is_contiguous()
+    assert torch.equal(cache.k, k) and torch.equal(cache.v, v)
+
+
 def test_clearing_a_filled_cache_leaves_the_source_keys_alone():
     k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
     kept = k.clone()

@@ -137,16 +137,23 @@ class MultiHeadAttention(nn.Module, Packable):
         cache.drop_front(n, None if rope is None else (lambda k: rope.rotate_by(k, -n)),
                          after=after)
 
-    def fill_cache(self, cache: KVCache, context: torch.Tensor, group: int = 1) -> None:
+    def fill_cache(self, cache: KVCache, context: torch.Tensor, group: int = 1,
+                   projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Cross-attention: store the keys and values of ``context`` (B, Tk, C) in an empty
         ``cache`` that serves ``group`` query rows per row (rows i*g .. i*g+g-1: the beams of
         sentence i). Beam search then projects each source once, and each step attends the
         g beams of a sentence as g queries of one attention over its keys, which are read
         once instead of once per beam (the mask is then per sentence, (B, 1, 1, Tk)). Beam
         search decodes its first step with one row per sentence (g = 1), then sets
-        ``cache.group`` to its beam size."""
-        k, v = self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
-        cache.fill(k, v)
+        ``cache.group`` to its beam size. ``projected``: the keys and values, where the
+        caller has them already.
+
+        They are kept head-major, as the self-attention cache keeps its own: copied once,
+        read at every step (a cpu-small greedy translation 7-9% faster than reading the
+        projections' (B, Tk, nkv, hs) layout in place; docs/BENCHMARKS.md)."""
+        k, v = projected if projected is not None else \
+            self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)
+        cache.fill(k.contiguous(), v.contiguous())
         cache.group = group
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -281,8 +288,8 @@ class MultiHeadAttention(nn.Module, Packable):
         else:
             k, v = (self.keys_values(context, offset=0, rotate=False) if cross else
                     self.keys_values(x, past, positions=positions, projected=(k_lin, v_lin)))
-            if cache is not None and cross:  # the source's keys, kept as projected
-                cache.fill(k, v)
+            if cache is not None and cross:  # the source's keys, kept for every step
+                self.fill_cache(cache, context, cache.group, projected=(k, v))
             elif cache is not None:
                 k, v = cache.update(k, v)  # (B, nkv, past + Tq, hs) for self-attention
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, Tk, hs)

@@ -252,7 +252,7 @@ class Decoder(nn.Module):
         """One (self, cross) cache pair per layer for incremental decoding; ``capacity``:
         the positions a self-attention cache's first storage holds at least; ``storage``:
         where the self-attention caches' storage comes from (``KVCache.release`` gives it
-        back), or new. The cross-attention caches keep the source's keys as projected."""
+        back), or new. The cross-attention caches keep the source's keys, made once."""
         return [(KVCache(capacity, storage), KVCache()) for _ in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,

@@ -29,9 +29,9 @@ class KVCache:
     what a step spends its time on once the weights and caches outgrow the CPU's last-level
     cache: on a 2-core machine with a 32 MB L3, a batch of 8 sampled its 500 tokens 6-9%
     faster head-major, one row 1-4% (docs/BENCHMARKS.md, "The KV cache head-major"). ``k`` and
-    ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are. The
-    cross-attention keys are kept as projected, without a copy (``fill``): views of another
-    layout, read alike.
+    ``v`` read it as (B, nkv, length, hs) views, which attention takes as they are. A
+    cross-attention cache keeps the keys it is given, without a copy (``fill``): its
+    module gives it head-major copies of the source's (``MultiHeadAttention.fill_cache``).
 
     ``capacity``: the positions the first storage holds at least. Generation passes its
     window, ``block_size``, and a cache rebuilt from a moved window keeps its storage
