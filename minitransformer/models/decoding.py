@@ -30,6 +30,7 @@ Shapes: B sentences, K beam size, S source length, T target length so far, V voc
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -99,28 +100,39 @@ def _next_logits(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: to
 
 
 def _apply_rules(scores: torch.Tensor, config, step: int, limits: torch.Tensor,
-                 min_len: int) -> torch.Tensor:
+                 min_len: int, lowest: int = 0) -> torch.Tensor:
     """The shared rules on (N, V) scores, logits or log-probabilities alike, in place: -inf
-    where a token may not come next. ``limits`` (N,): each row's most tokens."""
+    where a token may not come next. ``limits`` (N,): each row's most tokens; ``lowest``: a
+    number no limit is below (the smallest, where the caller keeps it), before which no row
+    can be out of room and the rules are the same for every row, one write."""
     eos_id = config.eos_id
-    full = step >= limits  # (N,) out of room: only </s> may follow
-    if bool(full.any()):
-        eos = scores[:, eos_id].clone()
-        scores[full] = float("-inf")
-        scores[full, eos_id] = eos[full]
-    if step < min_len:  # too short yet: anything but </s>, where there is room
-        scores[~full, eos_id] = float("-inf")
-    scores[:, config.pad_id] = float("-inf")
-    scores[:, config.bos_id] = float("-inf")
-    return scores
+    if step >= lowest:
+        full = step >= limits  # (N,) out of room: only </s> may follow
+        if bool(full.any()):
+            eos = scores[:, eos_id].clone()
+            scores[full] = float("-inf")
+            scores[full, eos_id] = eos[full]
+            if step < min_len:  # too short yet: anything but </s>, where there is room
+                scores[~full, eos_id] = float("-inf")
+            return scores.index_fill_(1, _columns((config.pad_id, config.bos_id),
+                                                  scores.device), float("-inf"))
+    banned = (config.pad_id, config.bos_id) + ((eos_id,) if step < min_len else ())
+    return scores.index_fill_(1, _columns(banned, scores.device), float("-inf"))
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """These token ids as an index tensor, made once."""
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                   cache, step: int, limits: torch.Tensor, min_len: int = 0) -> torch.Tensor:
+                   cache, step: int, limits: torch.Tensor, min_len: int = 0,
+                   lowest: int = 0) -> torch.Tensor:
     """log p(next token | prefix, source) for each row: (N, V), with the shared rules applied;
-    ``limits`` (N,): each row's most tokens."""
+    ``limits`` (N,): each row's most tokens, none below ``lowest``."""
     logp = torch.log_softmax(_next_logits(model, tokens, memory, src_mask, cache), dim=-1)
-    return _apply_rules(logp, model.config, step, limits, min_len)
+    return _apply_rules(logp, model.config, step, limits, min_len, lowest)
 
 
 def _release(cache) -> None:
@@ -167,16 +179,19 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
         total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
         out: list[list[int]] = [[] for _ in range(b)]
         found = [0.0] * b
+        lowest = int(limits.min()) if b else 0  # no row is out of room before this step
         for step in range(int(limits.max()) + 1 if b else 0):
             logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
             # the most likely allowed token: the largest allowed logit (a copy: the rules
             # write -inf, and the logits are the model's own output)
-            allowed = _apply_rules(logits.clone(), c, step, limits, min_len)  # (N, V)
+            allowed = _apply_rules(logits.clone(), c, step, limits, min_len, lowest)  # (N, V)
             nxt = allowed.max(dim=-1).indices  # (N,) (argmax: the same, three times slower)
             if scores:  # its log-probability
                 logp = torch.log_softmax(logits, dim=-1)  # (N, V)
                 total = total + logp.gather(1, nxt[:, None]).squeeze(1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
+            if step < min_len and step < lowest:  # </s> was not allowed in any row
+                continue
             done = nxt == c.eos_id  # (N,)
             if not bool(done.any()):
                 continue
@@ -188,6 +203,7 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
                 break
             tokens, alive, total, limits = tokens[keep], alive[keep], total[keep], limits[keep]
             memory, src_mask = memory[keep], src_mask[keep]
+            lowest = int(limits.min())
             _select_rows(keep, cache, keep)
         _release(cache)
         return Decoded(out, found if scores else None)
@@ -223,10 +239,16 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
         n_done = torch.zeros(b, dtype=torch.long, device=dev)  # finished translations so far
         best = torch.full((b,), float("-inf"), device=dev)  # best finished score
         out: list[list[int]] = [[] for _ in range(b)]
-        for step in range(int(limits.max()) + 1 if b else 0):
+        # Kept between steps, made again where sentences stop or the beams widen: each row's
+        # limit, the smallest and largest limit, the first row of each sentence.
+        row_limits = limits  # (n*kb,)
+        lowest, highest = (int(limits.min()), int(limits.max())) if b else (0, -1)
+        first_rows = torch.arange(b, device=dev)  # (n,) = i * kb
+        rank = None  # (2K,) 0, 1, ..., once the vocabulary is known
+        for step in range(highest + 1):
             n, kb = scores.shape
-            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step,
-                                  limits[alive].repeat_interleave(kb), min_len)
+            logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, row_limits,
+                                  min_len, lowest)
             v = logp.shape[-1]
             cand = (scores.reshape(-1, 1) + logp).view(n, kb * v)  # (n, kb*V) extended prefixes
             width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
@@ -235,12 +257,16 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 top = F.pad(top, (0, width - top.shape[1]), value=float("-inf"))
                 idx = F.pad(idx, (0, width - idx.shape[1]), value=c.pad_id)
             origin, tok = idx // v, idx % v  # which beam each came from; its new token
-            rank = torch.arange(width, device=dev)  # (2K,)
+            if rank is None:
+                rank = torch.arange(width, device=dev)  # (2K,)
+                among_k = rank < k  # (2K,)
             is_eos = tok == c.eos_id  # (n, 2K)
 
-            # Extensions ending in </s> within the top K are finished translations.
-            finish = is_eos & (rank < k) & torch.isfinite(top)  # (n, 2K)
-            if bool(finish.any()):
+            # Extensions ending in </s> within the top K are finished translations (none while
+            # every row is too short for </s> and has room for more).
+            finish = None if step < min_len and step < lowest else \
+                is_eos & among_k & torch.isfinite(top)  # (n, 2K)
+            if finish is not None and bool(finish.any()):
                 norm = (top / length_penalty_factor(step + 1, length_penalty)) \
                     .masked_fill(~finish, float("-inf"))  # (n, 2K)
                 n_done[alive] += finish.sum(dim=1)
@@ -249,7 +275,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                     row = i * kb + int(origin[i, which[i]])
                     best[alive[i]] = cand_best[i]
                     out[int(alive[i])] = tokens[row, 1:].tolist()
-            if step >= int(limits[alive].max()):  # every live sentence is out of room
+            if step >= highest:  # every live sentence is out of room
                 break
 
             # The best K extensions that do not end the sentence form the next beam.
@@ -257,7 +283,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
             scores = top.gather(1, order)  # (n, K)
             tok_k, origin_k = tok.gather(1, order), origin.gather(1, order)  # (n, K)
             scores = scores.masked_fill(tok_k == c.eos_id, float("-inf"))
-            rows = (torch.arange(n, device=dev)[:, None] * kb + origin_k).view(-1)  # (n*K,)
+            rows = (first_rows[:, None] + origin_k).view(-1)  # (n*K,)
             tokens = torch.cat([tokens[rows], tok_k.view(-1, 1)], dim=1)  # (n*K, T + 1)
             _select_rows(rows, cache)  # beams move within their sentence: cross K/V stay
             if kb < k:  # from one prefix to K per sentence
@@ -266,6 +292,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                         cross_cache.group = k
                 else:
                     memory, src_mask = memory[rows], src_mask[rows]  # (n*K, S, C), (n*K, ...)
+                row_limits, first_rows = limits[alive].repeat_interleave(k), first_rows * k
 
             # Sentences whose live prefixes can no longer beat their best translation stop.
             live_best = scores.max(dim=1).values  # (n,)
@@ -280,6 +307,9 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 by = keep if cache is not None else keep_rows  # memory per sentence or beam
                 memory, src_mask = memory[by], src_mask[by]
                 _select_rows(keep_rows, cache, keep)
+                row_limits = limits[alive].repeat_interleave(k)  # (n'*K,)
+                lowest, highest = int(limits[alive].min()), int(limits[alive].max())
+                first_rows = first_rows[: len(keep)]
         _release(cache)
         return Decoded(out, best.tolist())
 
