@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_hooks  # the global module hooks
 
-from .attention import MultiHeadAttention, ungroup
+from .attention import MultiHeadAttention
 from .feedforward import FeedForward, SwiGLU
 from .kernels import settled_kernel
 from .kv_cache import KVCache
@@ -255,18 +255,17 @@ def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
     q = query(h).view(b, nh, 1, hs)  # (B, nh, 1, hs)
     if attn.q_norm is not None:
         q = attn.q_norm(q)
-    if g > 1:  # a sentence's beams as the queries of one attention: (B/g, nh, g, hs)
-        q = q.reshape(-1, g, nh, 1, hs).transpose(1, 2).reshape(-1, nh, g, hs)
+    # A sentence's g beams as the queries of one attention, (B/g, nh, g, hs): a view, whose
+    # rows the fused kernel reads where they are (g = 1: as they are).
+    q = q.view(-1, g, nh, hs).transpose(1, 2)
     keys, values = cache.k, cache.v  # (B/g, nkv, S, hs)
     if nkv != nh:
         keys, values = attn.expand_kv(keys), attn.expand_kv(values)
     bias = memory_mask  # boolean: its additive form, made once
     if bias is not None and bias.dtype == torch.bool:
         bias = cache.additive(bias, q.dtype)
-    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-    if g > 1:
-        y = ungroup(y, g, 1)  # (B, nh, 1, hs)
-    return out(y.reshape(b, c))  # (B, C)
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (B/g, nh, g, hs)
+    return out(y.transpose(1, 2).reshape(b, c))  # (B, C): a view where y is laid out so
 
 
 def feed_forward(h: torch.Tensor, inner, proj) -> torch.Tensor:
