@@ -149,7 +149,7 @@ class MultiHeadAttention(nn.Module, Packable):
         caller has them already.
 
         They are kept head-major, as the self-attention cache keeps its own: copied once,
-        read at every step (a cpu-small greedy translation 7-9% faster than reading the
+        read at every step (a cpu-small greedy translation 7-8% faster than reading the
         projections' (B, Tk, nkv, hs) layout in place; docs/BENCHMARKS.md)."""
         k, v = projected if projected is not None else \
             self.keys_values(context, offset=0, rotate=False)  # (B, nkv, Tk, hs)

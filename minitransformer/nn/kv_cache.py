@@ -183,8 +183,9 @@ class StoragePool:
     that large, freshly allocated, reaches the program as untouched pages of memory: the
     operating system maps each on its first write. Translating one batch after another
     allocated it anew for each, 7,000-12,000 page faults per cpu-small beam-4 batch; taken
-    from the batch before, the batch takes none, and 15-20% less time (docs/BENCHMARKS.md,
-    "Translation speed"). ``translate_many`` keeps one pool for all its batches.
+    from the batch before, the batch takes none, and 13-23% less time on its own, 6-8% with
+    other work between batches (docs/BENCHMARKS.md, "Cache storage kept between batches").
+    ``translate_many`` keeps one pool for all its batches.
 
     Storage is kept in key/value pairs. ``take`` hands out the first rows of the smallest
     pair that has enough rows and the same other sizes, or a new pair; ``give`` takes back
