@@ -258,6 +258,25 @@ def test_storage_pool_lends_a_released_caches_storage_to_the_next_cache():
     assert pool.made == 5 and other._k.shape[2] == 100
 
 
+def test_storage_pool_never_lends_one_pair_to_two_caches():
+    pool = StoragePool()
+    cache = KVCache(storage=pool)
+    cache.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4))
+    cache.reorder(torch.tensor([1, 0]))  # a spare pair, of capacity 64
+    cache.update(torch.randn(2, 1, 70, 4), torch.randn(2, 1, 70, 4))  # grown to 128
+    with pytest.raises(IndexError):  # the old spare no longer fits: given back, then this fails
+        cache.reorder(torch.tensor([0, 5]))
+    cache.release()
+    pool.give(pool.take((2, 1, 64, 4), torch.zeros(0)))  # a pair given back once...
+    pool.give(pool._free[-1])  # ...and again, without being lent: not kept twice
+    assert len(pool._free) == len({k.data_ptr() for k, _ in pool._free})
+    caches = [KVCache(storage=pool) for _ in range(3)]
+    for i, c in enumerate(caches):
+        c.update(torch.full((2, 1, 1, 4), float(i)), torch.zeros(2, 1, 1, 4))
+    assert len({c._k.data_ptr() for c in caches}) == 3
+    assert [float(c.k[0, 0, 0, 0]) for c in caches] == [0.0, 1.0, 2.0]
+
+
 # ---- MultiHeadAttention == torch.nn.MultiheadAttention with the same weights ------------
 
 def _torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:

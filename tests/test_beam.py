@@ -292,3 +292,39 @@ def test_translate_many_allocates_cache_storage_once_for_all_batches(monkeypatch
     rows = [[t for t in row.tolist() if t != PAD] for row in src]
     translate_many(model, rows * 3, beam_size=3, max_len=7, batch_size=4)
     assert len(pools) == 1 and pools[0].made == one.made  # three batches, one batch's storage
+
+
+def test_storage_kept_through_a_growing_cache_and_a_failed_call():
+    # outputs past 64 tokens double each cache's capacity: the pool takes the old pair back
+    model = Seq2SeqTransformer(Seq2SeqConfig(vocab_size=17, block_size=128, n_layer=2, n_head=2,
+                                             n_embd=16, d_ff=32, dropout=0.0)).eval()
+    src = sources(3, 17, seed=9)
+    pool = StoragePool()
+    for beam in (1, 2, 1, 2):
+        decode = greedy_decode if beam == 1 else beam_search
+        kwargs = {} if beam == 1 else {"beam_size": beam}
+        want = decode(model, src, max_len=70, min_len=70, **kwargs)
+        got = decode(model, src, max_len=70, min_len=70, storage=pool, **kwargs)
+        assert got.tokens == want.tokens and all(len(t) == 70 for t in got.tokens)
+        assert got.scores == pytest.approx(want.scores, abs=1e-4)
+        for k, v in pool._free:
+            k.fill_(float("nan"))
+            v.fill_(float("nan"))
+    made = pool.made
+    calls = 0
+    step = model.decode
+
+    def failing(*args, **kwargs):  # the fourth step of the next call fails
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise RuntimeError("stopped")
+        return step(*args, **kwargs)
+
+    model.decode = failing
+    with pytest.raises(RuntimeError, match="stopped"):
+        beam_search(model, src, beam_size=2, max_len=70, min_len=70, storage=pool)
+    assert not pool._lent  # a call that fails gives its storage back too
+    model.decode = step
+    beam_search(model, src, beam_size=2, max_len=70, min_len=70, storage=pool)
+    assert pool.made == made

@@ -30,6 +30,7 @@ Shapes: B sentences, K beam size, S source length, T target length so far, V voc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -122,8 +123,10 @@ def _apply_rules(scores: torch.Tensor, config, step: int, limits: torch.Tensor,
 
 @functools.lru_cache(maxsize=64)
 def _columns(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """These token ids as an index tensor, made once."""
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    """These token ids as an index tensor, made once (a plain tensor, for use in and out of
+    inference mode)."""
+    with torch.inference_mode(False):
+        return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
@@ -135,10 +138,15 @@ def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: 
     return _apply_rules(logp, model.config, step, limits, min_len, lowest)
 
 
-def _release(cache) -> None:
-    """Hand every cache's storage back to the pool it came from (the end of a call)."""
-    if cache is not None:
-        for self_cache, cross_cache in cache:
+@contextlib.contextmanager
+def _caches(model, use_cache: bool, storage: StoragePool | None):
+    """``model``'s caches for one decoding call (None without the cache), whose storage goes
+    back to ``storage`` at the end, however the call ends."""
+    cache = model.new_cache(storage=storage) if use_cache else None
+    try:
+        yield cache
+    finally:
+        for self_cache, cross_cache in cache or ():
             self_cache.release()
             cross_cache.release()
 
@@ -165,21 +173,21 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
     with them the log-softmax over the vocabulary, about 4% of a small model's step
     (``translate`` keeps only the tokens). Beam search ranks log-probabilities, so where two
     tokens tie to within rounding after the log-softmax, beam size 1 may break the tie
-    otherwise. ``storage``: the KV caches' storage, kept from call to call
+    otherwise. ``storage``: the self-attention caches' storage, kept from call to call
     (``translate_many`` keeps one for all its batches); None: new for this call.
     """
     c = model.config
-    with inference_scope(model, use_cache):
+    with inference_scope(model, use_cache), _caches(model, use_cache, storage) as cache:
         b = src.shape[0]
         limits = output_limit(model, src, max_len, min_len)  # (B,)
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
-        cache = model.new_cache(storage) if use_cache else None
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         alive = torch.arange(b, device=src.device)  # which sentence each row is
         total = torch.zeros(b, device=src.device)  # (B,) log-probability so far
         out: list[list[int]] = [[] for _ in range(b)]
         found = [0.0] * b
         lowest = int(limits.min()) if b else 0  # no row is out of room before this step
+        specials = {c.pad_id, c.bos_id, c.eos_id}  # never allowed before min_len
         for step in range(int(limits.max()) + 1 if b else 0):
             logits = _next_logits(model, tokens, memory, src_mask, cache)  # (N, V)
             # the most likely allowed token: the largest allowed logit (a copy: the rules
@@ -190,8 +198,8 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
                 logp = torch.log_softmax(logits, dim=-1)  # (N, V)
                 total = total + logp.gather(1, nxt[:, None]).squeeze(1)  # (N,)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (N, T + 1)
-            if step < min_len and step < lowest:  # </s> was not allowed in any row
-                continue
+            if step < min_len and step < lowest and logits.shape[-1] > len(specials):
+                continue  # </s> was barred in every row, and some other token allowed
             done = nxt == c.eos_id  # (N,)
             if not bool(done.any()):
                 continue
@@ -205,7 +213,6 @@ def greedy_decode(model, src: torch.Tensor, max_len: int | None = None,
             memory, src_mask = memory[keep], src_mask[keep]
             lowest = int(limits.min())
             _select_rows(keep, cache, keep)
-        _release(cache)
         return Decoded(out, found if scores else None)
 
 
@@ -216,17 +223,16 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
     """Beam search with K = beam_size beams per sentence; src (B, S) right-padded.
 
     Scores are log-probabilities divided by lp(length) (see the module docstring).
-    ``storage``: the KV caches' storage, as for ``greedy_decode``.
+    ``storage``: the self-attention caches' storage, as for ``greedy_decode``.
     """
     c = model.config
     k = beam_size
     if k < 1:
         raise ValueError(f"beam size must be at least 1, got {k}")
-    with inference_scope(model, use_cache):
+    with inference_scope(model, use_cache), _caches(model, use_cache, storage) as cache:
         b, dev = src.shape[0], src.device
         limits = output_limit(model, src, max_len, min_len)  # (B,) per sentence
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)
-        cache = model.new_cache(storage) if use_cache else None
         if cache is not None:  # cross-attention keys/values: once per sentence, not per beam
             for layer, (_, cross_cache) in zip(model.decoder.layers, cache, strict=True):
                 layer.cross_attn.fill_cache(cross_cache, memory)
@@ -310,7 +316,6 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
                 row_limits = limits[alive].repeat_interleave(k)  # (n'*K,)
                 lowest, highest = int(limits[alive].min()), int(limits[alive].max())
                 first_rows = first_rows[: len(keep)]
-        _release(cache)
         return Decoded(out, best.tolist())
 
 

@@ -106,7 +106,7 @@ class Seq2SeqTransformer(nn.Module):
         """Number of parameters, shared (tied) ones counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, storage: StoragePool | None = None) -> list[tuple[KVCache, KVCache]]:
+    def new_cache(self, *, storage: StoragePool | None = None) -> list[tuple[KVCache, KVCache]]:
         """(self-attention, cross-attention) caches, one pair per decoder layer; ``storage``:
         kept from earlier caches (``nn.kv_cache.StoragePool``), or None for new."""
         return self.decoder.new_cache(storage=storage)

@@ -247,7 +247,7 @@ class Decoder(nn.Module):
         self.final_norm = make_norm(norm, d_model, layer_norm_eps) \
             if norm_position == "pre" else nn.Identity()
 
-    def new_cache(self, capacity: int = 0, storage: StoragePool | None = None,
+    def new_cache(self, capacity: int = 0, *, storage: StoragePool | None = None,
                   ) -> list[tuple[KVCache, KVCache]]:
         """One (self, cross) cache pair per layer for incremental decoding; ``capacity``:
         the positions a self-attention cache's first storage holds at least; ``storage``:

@@ -119,6 +119,7 @@ class KVCache:
         shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
         spare = self._spare
         if spare is not None and not _fits(spare[0], shape, self._k):
+            self._spare = None  # given back: never twice, should what follows fail
             self._give(spare)
             spare = None
         spare = self._take(shape, self._k) if spare is None else \
@@ -139,7 +140,7 @@ class KVCache:
         if self._spare is not None:
             self._give(self._spare)
         self._k = self._v = self._spare = None
-        self.borrowed, self.length, self._bias = False, 0, None
+        self.borrowed, self.length, self._bias, self.group = False, 0, None, 1
 
     def _take(self, shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Storage for keys and values of ``shape``, ``like``'s dtype and device."""
@@ -190,8 +191,10 @@ class StoragePool:
     Storage is kept in key/value pairs. ``take`` hands out the first rows of the smallest
     pair that has enough rows and the same other sizes, or a new pair; ``give`` takes back
     the whole pair a view was cut from. A new pair replaces the kept pairs with its other
-    sizes and fewer rows, which it can serve in their place once given back: the pool holds
-    about one pair per cache and capacity in use, never one per batch.
+    sizes and fewer rows, which it can serve in their place once given back. So the pool
+    holds what one call used at most, per capacity that came up (a beam search: two pairs per
+    layer, the cache's and its reorder's; outputs longer than 64 tokens double a cache's
+    capacity), never one set per batch, and it frees nothing while it lives.
     """
 
     def __init__(self):
@@ -214,5 +217,8 @@ class StoragePool:
 
     def give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Keep this storage (a cache no longer uses it) for a later ``take``: the whole
-        pair it was cut from, where it came from ``take``."""
-        self._free.append(self._lent.pop(pair[0].data_ptr(), pair))
+        pair it was cut from. Storage that is not lent (given back already, or never taken
+        from this pool) is not kept: two caches must never share a pair."""
+        whole = self._lent.pop(pair[0].data_ptr(), None)
+        if whole is not None:
+            self._free.append(whole)
