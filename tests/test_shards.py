@@ -131,6 +131,13 @@ def test_bad_folders_and_manifests_are_user_errors(tmp_path, capsys):
     assert main(["prepare", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "d")]) \
         == 2
     assert "empty folder" in capsys.readouterr().err
+    (tmp_path / "cut" / ".partial").mkdir(parents=True)  # a prepare stopped halfway
+    (tmp_path / "cut" / ".partial" / "tokens.bin").write_bytes(b"\0" * 8)
+    for command in (["prepare", "--out", str(tmp_path / "d")], ["train", "--out",
+                                                                str(tmp_path / "r")]):
+        assert main([command[0], "--data", str(tmp_path / "cut"), *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "unfinished prepare" in err and err.count("\n") == 1, err
     text = tmp_path / "t.txt"
     text.write_text(ENGLISH, encoding="utf-8")
     assert main(["prepare", "--data", str(text), "--out", str(tmp_path / "dd")]) == 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .shards import MANIFEST, TOKENS
+from .shards import MANIFEST, PARTIAL, TOKENS
 from .tables import NULL_HINT, arrow_rows, dataset_files, is_dataset_folder, parquet_rows
 from .text import (
     BUNDLED,
@@ -123,6 +123,10 @@ def source_files(sources: list[str], echo=None) -> list[Path]:
         elif path.is_dir():
             refuse_non_text_folder(path)
             found = folder_files(path)
+            if not found and (path / PARTIAL).is_dir():
+                raise UserError(f"{source} holds only an unfinished prepare ({PARTIAL}/, which "
+                                f"is never read): run that prepare again to finish it, or give "
+                                f"--data the text it was preparing")
             if not found:
                 raise UserError(f"{source} is an empty folder: no files to read")
             found, note = repository_files(path, found)
