@@ -121,6 +121,8 @@ def test_null_texts_stop_prepare_unless_skipped(tmp_path, capsys, shape):
     out = tmp_path / "dd"
     _prepare_bpe(source, out, "--errors", "skip")
     assert _documents(out) == [DOCS[0], DOCS[1]]
+    assert "--errors skip left out 2 record(s) or row(s) without their text" \
+        in capsys.readouterr().out  # counted once, though fitting read them too
 
 
 def test_errors_skip_leaves_out_json_lines_records_without_their_text(tmp_path, capsys):
@@ -139,8 +141,11 @@ def test_errors_skip_leaves_out_json_lines_records_without_their_text(tmp_path, 
         assert "messy.jsonl:2: " + said in err and "--errors skip" in err, err
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "dd"
+    capsys.readouterr()
     _prepare_bpe(source, out, "--errors", "skip")
     assert _documents(out) == [DOCS[0], DOCS[1]]
+    assert "--errors skip left out 4 record(s) or row(s) without their text (not JSON, " \
+        "without the text field, null, or not utf-8)" in capsys.readouterr().out
 
 
 def test_a_dataset_repository_folder_reads_its_train_split_alone(tmp_path, capsys):
@@ -385,6 +390,7 @@ def test_a_json_lines_line_that_does_not_decode_is_named_or_left_out_alone(tmp_p
     assert f"left out 1 file(s) with no utf-8 text (binary or compressed, not utf-8, or no " \
            f"record with its text): {folder / 'c.jsonl'}" in out, out
     assert "4 document(s) of 4 file(s)" in out, out  # a.txt, b's two good records, d.txt
+    assert "left out 2 record(s) or row(s)" in out, out  # b's line 2, c's one record
     assert main(["prepare", "--data", str(folder / "b.jsonl"), "--out", str(tmp_path / "dl"),
                  "--encoding", "latin-1"]) == 0  # its own encoding: every line reads
     assert "3 document(s)" in capsys.readouterr().out

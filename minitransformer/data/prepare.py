@@ -29,6 +29,7 @@ from .encode import choose_encoder, encoder_spec
 from .reading import blocks, byte_blocks, sample_lines
 from .shards import check_val_fraction, split_note, write_stream
 from .sources import check_text_field, fingerprint, source_files
+from .tables import counting_dropped
 
 CHAR_SEPARATOR = "\n\n"  # between prepared documents, for a char tokenizer
 DEFAULT_BPE_SAMPLE = 16_000_000  # bytes: every bundled corpus (8 MB at most) is seen whole
@@ -114,8 +115,9 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
                     yield new_doc, data
                 if not documents:
                     left_out.append(path)
-        manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator, workers,
-                                spec)
+        with counting_dropped() as dropped:  # in this pass only: fitting read them too
+            manifest = write_stream(texts(), fitted, out, prints, val_fraction, separator,
+                                    workers, spec)
     encoding_s = time.perf_counter() - start - fitting
     echo(f"prepared {manifest['tokens']:,} tokens from {manifest['documents']:,} document(s) "
          f"of {len(files)} file(s) into {out} ({fitted.kind} tokenizer, "
@@ -128,6 +130,9 @@ def prepare_corpus(sources: list[str], out, kind: str | None, vocab: int | None,
          f"--data {shlex.quote(str(out))} --out RUN")
     if left_out:
         echo(skipped_note(left_out, encoding))
+    if dropped[0]:
+        echo(f"note: --errors skip left out {dropped[0]:,} record(s) or row(s) without their "
+             f"text (not JSON, without the text field, null, or not {encoding})")
     if note := split_note(manifest):
         echo(note)
     return manifest

@@ -25,7 +25,14 @@ from pathlib import Path
 
 from ..errors import UserError
 from .shards import MANIFEST, PARTIAL, TOKENS
-from .tables import NULL_HINT, arrow_rows, dataset_files, is_dataset_folder, parquet_rows
+from .tables import (
+    NULL_HINT,
+    arrow_rows,
+    dataset_files,
+    is_dataset_folder,
+    note_dropped,
+    parquet_rows,
+)
 from .text import (
     BUNDLED,
     corpus_path,
@@ -309,6 +316,8 @@ def _decoded_lines(f, path: Path, encoding: str, errors: str) -> Iterator[tuple[
             raise UserError(f"{path}:{lineno}: not valid {encoding} at character "
                             f"{bad.start() + 1} of the line; pass --encoding, or --errors "
                             f"replace|skip")
+        else:
+            note_dropped()
 
 
 def _jsonl_records(lines, path: Path, field: str, errors: str) -> Iterator[Document]:
@@ -322,6 +331,7 @@ def _jsonl_records(lines, path: Path, field: str, errors: str) -> Iterator[Docum
         except UserError as e:
             if errors != "skip":  # skip: a record without its text is left out
                 raise UserError(f"{path}:{lineno}: {e}") from None
+            note_dropped()
 
 
 def _record_text(line: str, field: str) -> str:

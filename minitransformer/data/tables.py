@@ -13,6 +13,8 @@ file and, once reading has begun, the row group (Parquet) or record batch (Arrow
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,11 +79,34 @@ def _check_column(path: Path, schema, field: str) -> None:
 
 NULL_HINT = "prepare --errors skip leaves such rows out"  # (and JSON Lines records)
 
+# The records and rows --errors skip has left out, where a reader counts them.
+_dropped: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("dropped",
+                                                                           default=None)
+
+
+@contextlib.contextmanager
+def counting_dropped():
+    """Within, the records and rows that --errors skip leaves out one by one (JSON Lines
+    records and Parquet/Arrow rows without their text) are counted: yields [count]."""
+    count = [0]
+    token = _dropped.set(count)
+    try:
+        yield count
+    finally:
+        _dropped.reset(token)
+
+
+def note_dropped() -> None:
+    """One record or row left out (counted inside ``counting_dropped``)."""
+    if (count := _dropped.get()) is not None:
+        count[0] += 1
+
 
 def _rows(path: Path, values: list, where: str, skip_null: bool) -> Iterator[tuple[str, str]]:
     for j, text in enumerate(values):
         if text is None:
             if skip_null:
+                note_dropped()
                 continue
             raise UserError(f"{path}: {where}, row {j}: the text is missing (null); "
                             f"{NULL_HINT}")
