@@ -256,7 +256,8 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
             logp = _next_logprobs(model, tokens, memory, src_mask, cache, step, row_limits,
                                   min_len, lowest)
             v = logp.shape[-1]
-            cand = (scores.reshape(-1, 1) + logp).view(n, kb * v)  # (n, kb*V) extended prefixes
+            # (n, kb*V) the extended prefixes, written over logp (this step's own tensor)
+            cand = logp.add_(scores.reshape(-1, 1)).view(n, kb * v)
             width = min(2 * k, k * v)  # K non-</s> candidates are always among the top 2K
             top, idx = cand.topk(min(width, kb * v), dim=1)  # (n, 2K), best first
             if top.shape[1] < width:  # fewer candidates than K: the rest are -inf (<pad>)
