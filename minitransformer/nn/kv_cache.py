@@ -168,12 +168,17 @@ class KVCache:
         self.length = a + moved
 
 
-def _fits(held: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> bool:
-    """Whether ``held``'s first rows can serve as storage of ``shape`` like ``like`` (a
-    tensor made in inference mode can be written only there)."""
-    return held.shape[1:] == shape[1:] and held.shape[0] >= shape[0] \
-        and held.dtype == like.dtype and held.device == like.device \
+def _same_kind(held: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> bool:
+    """Whether ``held`` has ``shape``'s sizes but the rows, and ``like``'s dtype and device
+    (and can be written here: a tensor made in inference mode only there)."""
+    return held.shape[1:] == tuple(shape[1:]) and held.dtype == like.dtype \
+        and held.device == like.device \
         and (not held.is_inference() or torch.is_inference_mode_enabled())
+
+
+def _fits(held: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> bool:
+    """Whether ``held``'s first rows can serve as storage of ``shape`` like ``like``."""
+    return _same_kind(held, shape, like) and held.shape[0] >= shape[0]
 
 
 class StoragePool:
@@ -208,8 +213,8 @@ class StoragePool:
         if fits:
             pair = self._free.pop(min(fits, key=lambda i: self._free[i][0].shape[0]))
         else:
-            self._free = [p for p in self._free  # those the new pair will serve in their place
-                          if not (_fits(p[0], (0, *shape[1:]), like) and p[0].shape[0] < shape[0])]
+            # none of this kind has enough rows: the new pair will serve in their place
+            self._free = [p for p in self._free if not _same_kind(p[0], shape, like)]
             pair = (like.new_empty(shape), like.new_empty(shape))
             self.made += 1
         self._lent[pair[0].data_ptr()] = pair
