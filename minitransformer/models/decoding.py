@@ -3,7 +3,10 @@
 Both encode the source once. With ``use_cache`` each step feeds the decoder only the newest
 token: self-attention keys/values of earlier positions and the cross-attention keys/values of
 the source (computed at the first step, once per sentence) come from ``KVCache``; without it
-every step recomputes the whole prefix (same result, slower; the tests hold them equal).
+every step recomputes the whole prefix (same result, slower; the tests hold them equal). Beam
+search keeps its self-attention keys in a ``BeamCache`` (``nn/beam_cache.py``), where a
+sentence's beams share one store and each reads its own ancestors' keys through a mask, so
+that nothing is copied when beams swap.
 
 Rules shared by both, so that beam size 1 is greedy search (greedy search ranks the logits,
 beam search the log-probabilities, which can only differ where two tokens tie to within
@@ -139,10 +142,10 @@ def _next_logprobs(model, tokens: torch.Tensor, memory: torch.Tensor, src_mask: 
 
 
 @contextlib.contextmanager
-def _caches(model, use_cache: bool, storage: StoragePool | None):
+def _caches(model, use_cache: bool, storage: StoragePool | None, beams: int = 1):
     """``model``'s caches for one decoding call (None without the cache), whose storage goes
-    back to ``storage`` at the end, however the call ends."""
-    cache = model.new_cache(storage=storage) if use_cache else None
+    back to ``storage`` at the end, however the call ends; ``beams`` > 1: a beam search's."""
+    cache = model.new_cache(storage=storage, beams=beams) if use_cache else None
     try:
         yield cache
     finally:
@@ -229,7 +232,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int = 4, max_len: int | Non
     k = beam_size
     if k < 1:
         raise ValueError(f"beam size must be at least 1, got {k}")
-    with inference_scope(model, use_cache), _caches(model, use_cache, storage) as cache:
+    with inference_scope(model, use_cache), _caches(model, use_cache, storage, k) as cache:
         b, dev = src.shape[0], src.device
         limits = output_limit(model, src, max_len, min_len)  # (B,) per sentence
         memory, src_mask, _ = model.encode(src)  # (B, S, C), (B, 1, 1, S)

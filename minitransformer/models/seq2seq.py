@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..config import Seq2SeqConfig
+from ..nn.beam_cache import BeamCache
 from ..nn.block import Decoder, Encoder, Internals
 from ..nn.init import init_weights
 from ..nn.kv_cache import KVCache, StoragePool
@@ -106,10 +107,12 @@ class Seq2SeqTransformer(nn.Module):
         """Number of parameters, shared (tied) ones counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, *, storage: StoragePool | None = None) -> list[tuple[KVCache, KVCache]]:
+    def new_cache(self, *, storage: StoragePool | None = None,
+                  beams: int = 1) -> list[tuple[KVCache | BeamCache, KVCache]]:
         """(self-attention, cross-attention) caches, one pair per decoder layer; ``storage``:
-        kept from earlier caches (``nn.kv_cache.StoragePool``), or None for new."""
-        return self.decoder.new_cache(storage=storage)
+        kept from earlier caches (``nn.kv_cache.StoragePool``), or None for new; ``beams``
+        > 1: for a beam search of that many beams per sentence (``nn.beam_cache``)."""
+        return self.decoder.new_cache(storage=storage, beams=beams)
 
     def embed(self, ids: torch.Tensor, offset: int = 0):
         """E[ids] * sqrt(d_model) + PE: (B, T) -> (B, T, C); also the token and position parts."""

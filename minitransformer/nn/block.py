@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .attention import AttnImpl, MultiHeadAttention
+from .beam_cache import BeamCache
 from .feedforward import Activation, make_feedforward
 from .kv_cache import KVCache, StoragePool
 from .linear import Packable, drop_attribute
@@ -248,11 +249,15 @@ class Decoder(nn.Module):
             if norm_position == "pre" else nn.Identity()
 
     def new_cache(self, capacity: int = 0, *, storage: StoragePool | None = None,
-                  ) -> list[tuple[KVCache, KVCache]]:
+                  beams: int = 1) -> list[tuple[KVCache | BeamCache, KVCache]]:
         """One (self, cross) cache pair per layer for incremental decoding; ``capacity``:
         the positions a self-attention cache's first storage holds at least; ``storage``:
         where the self-attention caches' storage comes from (``KVCache.release`` gives it
-        back), or new. The cross-attention caches keep the source's keys, made once."""
+        back), or new. The cross-attention caches keep the source's keys, made once.
+        ``beams`` > 1: self-attention caches for a beam search of that many beams per
+        sentence, which keep a sentence's beams together (``nn.beam_cache``)."""
+        if beams > 1:
+            return [(BeamCache(beams, capacity, storage), KVCache()) for _ in self.layers]
         return [(KVCache(capacity, storage), KVCache()) for _ in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,

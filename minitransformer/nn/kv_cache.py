@@ -110,10 +110,12 @@ class KVCache:
         return held[1]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',). Beam search reorders every step, so
-        the filled positions of the chosen rows are gathered into a second buffer kept from
-        the previous reorder (no fresh allocation each step; the first B' rows of a larger
-        one where sentences have finished), and the two buffers swap."""
+        """Select batch rows: index (B',) (the rows of a ragged batch that go on; a beam
+        search of one beam, every step). The filled positions of the chosen rows are gathered
+        into a second buffer kept from the previous reorder (no fresh allocation each time;
+        the first B' rows of a larger one where rows have finished), and the two buffers
+        swap. A beam search of more beams keeps its keys in a ``BeamCache`` instead, which
+        moves none."""
         if self._k is None:
             return
         shape = (len(index), *self._k.shape[1:])  # (B', nkv, capacity, hs)
@@ -185,7 +187,7 @@ class StoragePool:
     """Self-attention cache storage kept from one decoding call for the next.
 
     A cache's storage is large (a beam search of 32 sentences x 4 beams at cpu-small's sizes:
-    4 MB per layer for keys, as much for values, twice over for reordering), and storage
+    4 MB per layer for keys, as much for values), and storage
     that large, freshly allocated, reaches the program as untouched pages of memory: the
     operating system maps each on its first write. Translating one batch after another
     allocated it anew for each, 7,000-12,000 page faults per cpu-small beam-4 batch; taken
@@ -197,9 +199,10 @@ class StoragePool:
     pair that has enough rows and the same other sizes, or a new pair; ``give`` takes back
     the whole pair a view was cut from. A new pair replaces the kept pairs with its other
     sizes and fewer rows, which it can serve in their place once given back. So the pool
-    holds what one call used at most, per capacity that came up (a beam search: two pairs per
-    layer, the cache's and its reorder's; outputs longer than 64 tokens double a cache's
-    capacity), never one set per batch, and it frees nothing while it lives.
+    holds what one call used at most, per capacity that came up (a beam search: a pair per
+    layer, and one more where some sentences stop and the rest are gathered; outputs longer
+    than 64 tokens double a cache's capacity), never one set per batch, and it frees nothing
+    while it lives. ``nn.beam_cache.BeamCache`` takes its storage the same way.
     """
 
     def __init__(self):

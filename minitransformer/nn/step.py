@@ -27,6 +27,9 @@ hold the two equal):
 - a call that is not one new position per row: a prefill, left-padded rows with their own
   positions, attention weights asked for, training, gradients, a dtype other than fp32, a
   device other than the CPU.
+Beam search's self-attention cache is a ``BeamCache``: the step attends a sentence's beams as
+the queries of one attention over the keys of all its beams, each masked to its own ancestors
+(``beam_attention``; the modules gather each beam's keys instead).
 RoPE, ALiBi, QK-norm and grouped-query attention are computed by their own modules. The
 products take the kernel their row count settled on (``nn.kernels.settled_kernel``: oneDNN's
 packed copy, BLAS or MKL's packed copy) and read its weights directly; while that kernel is
@@ -48,6 +51,7 @@ from torch import nn
 from torch.nn.modules import module as module_hooks  # the global module hooks
 
 from .attention import MultiHeadAttention
+from .beam_cache import BeamCache
 from .feedforward import FeedForward, SwiGLU
 from .kernels import settled_kernel
 from .kv_cache import KVCache
@@ -229,6 +233,8 @@ def self_attention(h: torch.Tensor, cache: KVCache, qkv, out,
         q, k = attn.q_norm(q), attn.k_norm(k)
     if attn.rope is not None:
         q, k = attn.rope(q, offset=cache.length), attn.rope(k, offset=cache.length)
+    if isinstance(cache, BeamCache):
+        return out(beam_attention(q, k, v.view(b, nkv, 1, hs), cache, attn))
     keys, values = cache.update(k, v.view(b, nkv, 1, hs))  # (B, nkv, T, hs)
     if nkv != nh:
         keys, values = attn.expand_kv(keys), attn.expand_kv(values)  # (B, nh, T, hs)
@@ -238,6 +244,25 @@ def self_attention(h: torch.Tensor, cache: KVCache, qkv, out,
         bias = attn.alibi(1, t, offset=t - 1).to(q.dtype)  # (nh, 1, T)
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (B, nh, 1, hs)
     return out(y.reshape(b, c))  # (B, C)
+
+
+def beam_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: BeamCache,
+                   attn: MultiHeadAttention) -> torch.Tensor:
+    """Self-attention of the newest position through a ``BeamCache``: q (B, nh, 1, hs),
+    k, v (B, nkv, 1, hs) -> (B, C). A sentence's q rows (its beams) are the queries of one
+    attention over the keys of all its beams, masked to each beam's own ancestors."""
+    b, nh, _, hs = q.shape
+    keys, values, mask = cache.grouped(k, v)  # (n, nkv, T K, hs), (n, 1, q, T K)
+    n, _, g, tk = mask.shape
+    if keys.shape[1] != nh:
+        keys, values = attn.expand_kv(keys), attn.expand_kv(values)  # (n, nh, T K, hs)
+    if attn.alibi is not None:  # each key's distance is its position's, t = index // K
+        t = tk // cache.beams
+        bias = attn.alibi(1, t, offset=t - 1).to(q.dtype)  # (nh, 1, T)
+        mask = mask + bias.repeat_interleave(cache.beams, dim=-1)  # (n, nh, q, T K)
+    q = q.view(n, g, nh, hs).transpose(1, 2)  # (n, nh, q, hs): a view
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (n, nh, q, hs)
+    return y.transpose(1, 2).reshape(b, nh * hs)  # (B, C)
 
 
 def cross_attention(h: torch.Tensor, memory: torch.Tensor | None,
