@@ -6,7 +6,7 @@ the source (computed at the first step, once per sentence) come from ``KVCache``
 every step recomputes the whole prefix (same result, slower; the tests hold them equal). Beam
 search keeps its self-attention keys in a ``BeamCache`` (``nn/beam_cache.py``), where a
 sentence's beams share one store and each reads its own ancestors' keys through a mask, so
-that nothing is copied when beams swap.
+that no key moves when beams swap.
 
 Rules shared by both, so that beam size 1 is greedy search (greedy search ranks the logits,
 beam search the log-probabilities, which can only differ where two tokens tie to within

@@ -4,13 +4,14 @@ Beam search keeps K prefixes (beams) per sentence. After each step the K best ex
 become the next beams, and a new beam's past is its parent's; a cache of one row per beam
 (``KVCache``) follows by copying each parent's keys and values into the new beam's row, at
 every step and in every layer (``KVCache.reorder``). At cpu-small's sizes that copy, and
-the attention that reads the copies row by row, were a fifth of a beam search's time.
+the attention that reads the copies row by row, were a fifth of a beam search's time
+(docs/BENCHMARKS.md, "Beam search without moving keys").
 
 This cache never moves a key. At position t, slot j of sentence s holds the key that beam j
 wrote at step t, and each beam keeps its ancestry: which slot its ancestor wrote at each
-position. After a step, a beam inherits its parent's ancestry (a row of K ints per
-position, not the keys), and attention reads the sentence's K slots at every position with
-an additive mask that lets each beam see only its ancestors' slots:
+position. After a step, a beam inherits its parent's ancestry (its row of the mask below,
+K numbers per position, not the keys), and attention reads the sentence's K slots at every
+position with that additive mask, which lets each beam see only its ancestors' slots:
 
     keys of sentence s:   K_s = [k_(0, slot 0), ..., k_(0, slot K-1), k_(1, slot 0), ...]
     beam i of sentence s: softmax(q_i K_s^T / sqrt(hs) + M_i) V_s,
@@ -18,8 +19,11 @@ an additive mask that lets each beam see only its ancestors' slots:
 
 Masked keys get weight exp(-inf) = 0, so this is beam i's attention over its own past,
 computed as the K beams' queries of one attention (``grouped``) over K times the keys: more
-arithmetic (small at a decoding step), no copy. The mask is the state: ``reorder`` selects
-its rows, and each new position writes its columns.
+arithmetic (small at a decoding step), and no key moves. The mask is the state: ``reorder``
+gathers its rows (K numbers per position and beam, where the keys are 2 hs), and each new
+position writes its columns. One caveat of sharing: a key that is not finite (an overflow)
+spoils the attention of its sentence's other beams too, where a cache of one row per beam
+keeps it to its own beam.
 
 ``update`` returns each beam's own keys and values, gathered, as ``KVCache.update`` does:
 the readable path, which the modules take (``MultiHeadAttention.forward``); the decoding
@@ -147,8 +151,9 @@ class BeamCache:
     def reorder(self, index: torch.Tensor) -> None:
         """The rows ``index`` (R',) become the cache's rows, K per sentence: each group of K
         from one sentence (beam search's next beams, or the beams of the sentences that go
-        on). Rows inherit their ancestry; the keys stay where they are, unless sentences
-        are left out or reordered, whose stored keys are then selected."""
+        on); a cache never goes back to one row per sentence. Rows inherit their ancestry;
+        the keys stay where they are, unless sentences are left out or reordered, whose
+        stored keys are then selected."""
         if self._k is None:
             return
         g, q, t = self.beams, self.rows_per_sentence, self.length

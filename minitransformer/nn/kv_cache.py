@@ -110,8 +110,10 @@ class KVCache:
         return held[1]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows: index (B',) (the rows of a ragged batch that go on; a beam
-        search of one beam, every step). The filled positions of the chosen rows are gathered
+        """Select batch rows: index (B',), the rows that go on (greedy search's unfinished
+        sentences, a ragged batch's rows, the sentences of a beam search for its
+        cross-attention caches, a beam search of one beam at every step). The filled
+        positions of the chosen rows are gathered
         into a second buffer kept from the previous reorder (no fresh allocation each time;
         the first B' rows of a larger one where rows have finished), and the two buffers
         swap. A beam search of more beams keeps its keys in a ``BeamCache`` instead, which
