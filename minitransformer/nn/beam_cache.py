@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import StoragePool
+from .kv_cache import StoragePool, give_storage, take_storage
 
 
 class BeamCache:
@@ -97,13 +97,13 @@ class BeamCache:
         t, g = self.length, self.beams
         old = 0 if self._k is None else self._k.shape[2]
         cap = max(t + 1, 2 * old, self.capacity, 64)
-        new_k, new_v = self._take((n, nkv, cap, g, hs), like)
+        new_k, new_v = take_storage(self.storage, (n, nkv, cap, g, hs), like)
         mask = like.new_empty((n * self.rows_per_sentence, cap, g))
         if self._k is not None:
             new_k[:, :, :t] = self._k[:, :, :t]
             new_v[:, :, :t] = self._v[:, :, :t]
             mask[:, :t] = self._mask[:, :t]
-            self._give((self._k, self._v))
+            give_storage(self.storage, (self._k, self._v))
         self._k, self._v, self._mask = new_k, new_v, mask
 
     def update(self, k: torch.Tensor, v: torch.Tensor):
@@ -167,10 +167,10 @@ class BeamCache:
         if len(sentences) != n or not bool(
                 (sentences == torch.arange(n, device=index.device)).all()):
             shape = (len(sentences), *self._k.shape[1:])
-            new_k, new_v = self._take(shape, self._k)
+            new_k, new_v = take_storage(self.storage, shape, self._k)
             torch.index_select(self._k[:, :, :t], 0, sentences, out=new_k[:, :, :t])
             torch.index_select(self._v[:, :, :t], 0, sentences, out=new_v[:, :, :t])
-            self._give((self._k, self._v))
+            give_storage(self.storage, (self._k, self._v))
             self._k, self._v = new_k, new_v
         mask = self._mask.new_empty((len(index), *self._mask.shape[1:]))
         torch.index_select(self._mask[:, :t], 0, index, out=mask[:, :t])
@@ -185,15 +185,6 @@ class BeamCache:
     def release(self) -> None:
         """Empty the cache and hand its storage to ``storage`` (the end of a beam search)."""
         if self._k is not None:
-            self._give((self._k, self._v))
+            give_storage(self.storage, (self._k, self._v))
         self._k = self._v = self._mask = self._own = None
         self.length, self.rows_per_sentence, self._own_for = 0, 1, (0, 0)
-
-    def _take(self, shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.storage is not None:
-            return self.storage.take(shape, like)
-        return like.new_empty(shape), like.new_empty(shape)
-
-    def _give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if self.storage is not None:
-            self.storage.give(pair)

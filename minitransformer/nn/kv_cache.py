@@ -68,12 +68,12 @@ class KVCache:
         if self._k is None or t1 > self._k.shape[2]:
             cap = max(t1, 2 * (0 if self._k is None else self._k.shape[2]), self.capacity, 64)
             b, nkv, _, hs = k.shape
-            new_k, new_v = self._take((b, nkv, cap, hs), k)
+            new_k, new_v = take_storage(self.storage, (b, nkv, cap, hs), k)
             if self._k is not None:
                 new_k[:, :, :t0] = self._k[:, :, :t0]
                 new_v[:, :, :t0] = self._v[:, :, :t0]
                 if not self.borrowed:
-                    self._give((self._k, self._v))
+                    give_storage(self.storage, (self._k, self._v))
             self._k, self._v = new_k, new_v
         self._k[:, :, t0:t1] = k  # (B, nkv, T, hs)
         self._v[:, :, t0:t1] = v
@@ -124,9 +124,9 @@ class KVCache:
         spare = self._spare
         if spare is not None and not _fits(spare[0], shape, self._k):
             self._spare = None  # given back: never twice, should what follows fail
-            self._give(spare)
+            give_storage(self.storage, spare)
             spare = None
-        spare = self._take(shape, self._k) if spare is None else \
+        spare = take_storage(self.storage, shape, self._k) if spare is None else \
             (spare[0][: shape[0]], spare[1][: shape[0]])
         n = self.length  # only the filled positions are copied
         torch.index_select(self._k[:, :, :n], 0, index, out=spare[0][:, :, :n])
@@ -140,21 +140,11 @@ class KVCache:
         """Empty the cache, and hand its storage to ``storage`` for the next cache to take
         (the end of a decoding call); without ``storage`` this is ``clear`` and more."""
         if not self.borrowed and self._k is not None:
-            self._give((self._k, self._v))
+            give_storage(self.storage, (self._k, self._v))
         if self._spare is not None:
-            self._give(self._spare)
+            give_storage(self.storage, self._spare)
         self._k = self._v = self._spare = None
         self.borrowed, self.length, self._bias, self.group = False, 0, None, 1
-
-    def _take(self, shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Storage for keys and values of ``shape``, ``like``'s dtype and device."""
-        if self.storage is not None:
-            return self.storage.take(shape, like)
-        return like.new_empty(shape), like.new_empty(shape)
-
-    def _give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if self.storage is not None:
-            self.storage.give(pair)
 
     def drop_front(self, n: int, rekey=None, after: int = 0) -> None:
         """Forget the oldest ``n`` positions after the first ``after`` (a context shift; the
@@ -170,6 +160,21 @@ class KVCache:
             self._k[:, :, a:a + moved] = rekey(k) if rekey is not None else k.clone()
             self._v[:, :, a:a + moved] = self._v[:, :, a + n: self.length].clone()
         self.length = a + moved
+
+
+def take_storage(storage: StoragePool | None, shape: tuple[int, ...],
+                 like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Storage for keys and values of ``shape``, ``like``'s dtype and device: from
+    ``storage``, or new where it is None."""
+    if storage is not None:
+        return storage.take(shape, like)
+    return like.new_empty(shape), like.new_empty(shape)
+
+
+def give_storage(storage: StoragePool | None, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Hand ``pair`` back to ``storage`` (where there is one) for a later take."""
+    if storage is not None:
+        storage.give(pair)
 
 
 def _same_kind(held: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> bool:
