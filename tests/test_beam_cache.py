@@ -11,8 +11,7 @@ from minitransformer.config import Seq2SeqConfig
 from minitransformer.models import Seq2SeqTransformer
 from minitransformer.models.decoding import beam_search, pad_batch
 from minitransformer.models.generation import decoding_weights
-from minitransformer.nn import KVCache, StoragePool
-from minitransformer.nn.beam_cache import BeamCache
+from minitransformer.nn import BeamCache, KVCache, StoragePool
 
 N, K, NKV, HS = 3, 3, 2, 4
 

@@ -1,6 +1,7 @@
 """The Transformer's layers, one module per concept (see docs/transformer-tour.md)."""
 
 from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .beam_cache import BeamCache
 from .block import Decoder, DecoderBlock, Encoder, EncoderBlock, Internals
 from .feedforward import FeedForward
 from .kv_cache import KVCache, StoragePool
@@ -14,8 +15,8 @@ from .positional import (
 )
 
 __all__ = [
-    "ALiBi", "Decoder", "DecoderBlock", "Encoder", "EncoderBlock", "FeedForward", "Internals",
-    "KVCache", "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
-    "SinusoidalPositionalEncoding", "StoragePool", "alibi_slopes", "causal_mask",
-    "key_padding_mask", "padding_mask", "scaled_dot_product_attention",
+    "ALiBi", "BeamCache", "Decoder", "DecoderBlock", "Encoder", "EncoderBlock", "FeedForward",
+    "Internals", "KVCache", "LearnedPositionalEmbedding", "MultiHeadAttention",
+    "RotaryEmbedding", "SinusoidalPositionalEncoding", "StoragePool", "alibi_slopes",
+    "causal_mask", "key_padding_mask", "padding_mask", "scaled_dot_product_attention",
 ]
