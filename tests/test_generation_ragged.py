@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from minitransformer.models.ragged import RaggedBatch, generate_ragged
+from minitransformer.nn import kv_cache
 from minitransformer.serve import completions as cmpl
 from minitransformer.serve.schemas import CompletionRequest
 from minitransformer.tokenizers import CharTokenizer
@@ -81,6 +82,28 @@ def test_finished_rows_leave_and_all_pad_columns_go(make_gpt):
     assert batch.cache[0][0].length == 2  # row 0's own two tokens
     batch.push(batch.next_logits().argmax(-1))
     assert batch.texts[0][1:] == alone(model, [1], 2)
+
+
+def test_rows_leaving_outside_inference_mode_reuse_the_caches_second_buffer(make_gpt,
+                                                                            monkeypatch):
+    """The server takes finished rows out between steps, outside inference mode: the reorder's
+    second buffer, made at an earlier one inside it, must still serve (not new storage at
+    every reorder)."""
+    model = make_gpt(scale=0.4)
+    batch = RaggedBatch(model, [[1, 2], [3], [4, 5, 6], [7]])
+    taken = []
+    take = kv_cache.take_storage
+
+    def counting(*args):
+        taken.append(args[1])
+        return take(*args)
+    monkeypatch.setattr(kv_cache, "take_storage", counting)
+    for leaving in (0, 1, 2):
+        batch.push(batch.next_logits().argmax(-1))
+        batch.finish([leaving])
+    layers = len(model.decoder.layers)
+    # the prefill's storage and the first reorder's second buffer, then no more
+    assert batch.rows == [3] and len(taken) == 2 * layers
 
 
 class FakeJob:

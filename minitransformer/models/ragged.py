@@ -91,8 +91,10 @@ class RaggedBatch:
         for r, token in zip(self.rows, values, strict=True):
             self.texts[r].append(int(token))
 
+    @torch.inference_mode()
     def finish(self, rows: Iterable[int]) -> None:
-        """Take these rows (prompt indices) out of the batch."""
+        """Take these rows (prompt indices) out of the batch. In inference mode, as the
+        cache was made: a reorder's second buffer made in it can only be written in it."""
         done = set(rows)
         keep = [i for i, r in enumerate(self.rows) if r not in done]
         if len(keep) == len(self.rows):
