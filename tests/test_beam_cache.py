@@ -90,9 +90,12 @@ def test_rows_must_come_in_whole_sentences():
     cache.update(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 4))
     with pytest.raises(ValueError, match="whole sentences"):
         cache.reorder(torch.tensor([0, 0, 1]))
+    with pytest.raises(ValueError, match="in its place"):
+        cache.reorder(torch.tensor([1, 1, 0, 0]))  # as many sentences: each in its place
+    cache.reorder(torch.tensor([0, 0, 1, 1]))  # one row per sentence, then K
     with pytest.raises(ValueError, match="together"):
-        cache.reorder(torch.tensor([0, 1, 1, 0]))
-    cache.reorder(torch.tensor([1, 1, 0, 0]))  # the two sentences swapped
+        cache.reorder(torch.tensor([0, 2]))  # fewer sentences: whole ones
+    cache.reorder(torch.tensor([3, 2]))  # the second sentence goes on
     with pytest.raises(ValueError, match="one position"):
         cache.update(torch.zeros(4, 1, 2, 4), torch.zeros(4, 1, 2, 4))
     with pytest.raises(ValueError, match="at least 1"):

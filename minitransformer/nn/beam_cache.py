@@ -110,7 +110,8 @@ class BeamCache:
         """Append k, v (R, nkv, 1, hs); return each row's own cached keys and values
         (R, nkv, length, hs), gathered through its ancestry (the readable path)."""
         self._write(k, v)
-        return self.k, self.v
+        slots = self._ancestors()  # (R, length), for the keys and the values alike
+        return self._own_keys(self._k, slots), self._own_keys(self._v, slots)
 
     def grouped(self, k: torch.Tensor, v: torch.Tensor):
         """Append k, v (R, nkv, 1, hs); return a sentence's keys and values at every slot,
@@ -128,14 +129,17 @@ class BeamCache:
         """The slot each row's ancestor wrote at each position: (R, length)."""
         return self._mask[:, : self.length].argmax(dim=-1)  # the one 0 among -infs
 
-    def _own_keys(self, store: torch.Tensor) -> torch.Tensor:
-        """Each row's own keys (or values) from ``store``: (R, nkv, length, hs)."""
+    def _own_keys(self, store: torch.Tensor, slots: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """Each row's own keys (or values) from ``store``: (R, nkv, length, hs), through
+        ``slots`` (``_ancestors``, made here where not given)."""
         t, q = self.length, self.rows_per_sentence
         rows = self._mask.shape[0]
         sentence = torch.arange(rows, device=store.device) // q  # (R,)
         per_position = store[:, :, :t].permute(0, 2, 3, 1, 4)  # (n, T, K, nkv, hs)
         steps = torch.arange(t, device=store.device)
-        picked = per_position[sentence[:, None], steps[None, :], self._ancestors()]
+        slots = self._ancestors() if slots is None else slots
+        picked = per_position[sentence[:, None], steps[None, :], slots]
         return picked.permute(0, 2, 1, 3)  # (R, nkv, T, hs)
 
     @property
@@ -150,22 +154,28 @@ class BeamCache:
 
     def reorder(self, index: torch.Tensor) -> None:
         """The rows ``index`` (R',) become the cache's rows, K per sentence: each group of K
-        from one sentence (beam search's next beams, or the beams of the sentences that go
-        on); a cache never goes back to one row per sentence. Rows inherit their ancestry;
-        the keys stay where they are, unless sentences are left out or reordered, whose
-        stored keys are then selected."""
+        from one sentence, and a cache never goes back to one row per sentence. As many
+        sentences as before: each group is the next beams of the sentence in its place, and
+        only the ancestry moves. Fewer (sentences that stop): each group is the beams of a
+        sentence that goes on, whose stored keys are gathered. The groups are checked where
+        ``index`` is on the CPU; on a GPU the check would wait for the device at every step
+        in every layer."""
         if self._k is None:
             return
         g, q, t = self.beams, self.rows_per_sentence, self.length
         if len(index) % g:
             raise ValueError(f"{len(index)} rows are not whole sentences of {g} beams")
         from_sentence = (index // q).view(-1, g)  # (n', K)
-        if not bool((from_sentence == from_sentence[:, :1]).all()):
-            raise ValueError("a beam cache keeps each sentence's beams together")
-        sentences = from_sentence[:, 0]  # (n',)
         n = self._k.shape[0]
-        if len(sentences) != n or not bool(
-                (sentences == torch.arange(n, device=index.device)).all()):
+        if len(from_sentence) == n:  # each sentence's next beams, in its place
+            if index.device.type == "cpu" and not bool(
+                    (from_sentence == torch.arange(n)[:, None]).all()):
+                raise ValueError("a beam cache keeps each sentence's beams in its place")
+        else:  # the sentences that go on: their stored keys gathered
+            if index.device.type == "cpu" and not bool(
+                    (from_sentence == from_sentence[:, :1]).all()):
+                raise ValueError("a beam cache keeps each sentence's beams together")
+            sentences = from_sentence[:, 0]  # (n',)
             shape = (len(sentences), *self._k.shape[1:])
             new_k, new_v = take_storage(self.storage, shape, self._k)
             torch.index_select(self._k[:, :, :t], 0, sentences, out=new_k[:, :, :t])
