@@ -20,10 +20,10 @@ position with that additive mask, which lets each beam see only its ancestors' s
 Masked keys get weight exp(-inf) = 0, so this is beam i's attention over its own past,
 computed as the K beams' queries of one attention (``grouped``) over K times the keys: more
 arithmetic (small at a decoding step), and no key moves. The mask is the state: ``reorder``
-gathers its rows (K numbers per position and beam, where the keys are 2 hs), and each new
-position writes its columns. One caveat of sharing: a key that is not finite (an overflow)
-spoils the attention of its sentence's other beams too, where a cache of one row per beam
-keeps it to its own beam.
+gathers its rows (K numbers per position and beam, where its keys and values are 2 nkv hs),
+and each new position writes its columns. One caveat of sharing: a key that is not finite
+(an overflow) spoils the attention of its sentence's other beams too, where a cache of one
+row per beam keeps it to its own beam.
 
 ``update`` returns each beam's own keys and values, gathered, as ``KVCache.update`` does:
 the readable path, which the modules take (``MultiHeadAttention.forward``); the decoding
@@ -32,8 +32,8 @@ step (``nn.step``) takes ``grouped``. Tests hold the two equal.
 Before the first ``reorder`` a sentence has one row (beam search decodes ``<s>`` once per
 sentence), and its key is written into every slot, so that no slot is ever unwritten (the
 kernel multiplies masked values by 0, and 0 * NaN is NaN). After it, every sentence has K
-rows, i*K .. i*K+K-1. A ``reorder`` that keeps whole sentences (sentences that stop) selects
-their stored keys too.
+rows, i*K .. i*K+K-1. A ``reorder`` to fewer sentences (some stopped) gathers the stored keys
+of those that go on.
 
 Shapes: n sentences, K slots (beams), R = n*q rows (q = 1, then K), nkv heads, hs head size,
 T positions. The keys are stored (n, nkv, capacity, K, hs): a head's keys of a sentence are
