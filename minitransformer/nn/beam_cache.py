@@ -62,7 +62,6 @@ class BeamCache:
         self._own_for = (0, 0)  # the (R, q) it was made for
         self.rows_per_sentence = 1  # q: 1 until the first reorder, then K
         self.length = 0
-        self.group = 1  # unused: the queries are grouped by ``grouped`` itself
 
     def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new position's k, v (R, nkv, 1, hs): row i*q + j's in slot j of
