@@ -253,11 +253,11 @@ def beam_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Bea
     attention over the keys of all its beams, masked to each beam's own ancestors."""
     b, nh, _, hs = q.shape
     keys, values, mask = cache.grouped(k, v)  # (n, nkv, T K, hs), (n, 1, q, T K)
-    n, _, g, tk = mask.shape
+    n, _, g, _ = mask.shape
     if keys.shape[1] != nh:
         keys, values = attn.expand_kv(keys), attn.expand_kv(values)  # (n, nh, T K, hs)
-    if attn.alibi is not None:  # each key's distance is its position's, t = index // K
-        t = tk // cache.beams
+    if attn.alibi is not None:  # each key's distance is its position's, index // K
+        t = cache.length
         bias = attn.alibi(1, t, offset=t - 1).to(q.dtype)  # (nh, 1, T)
         mask = mask + bias.repeat_interleave(cache.beams, dim=-1)  # (n, nh, q, T K)
     q = q.view(n, g, nh, hs).transpose(1, 2)  # (n, nh, q, hs): a view
